@@ -1,0 +1,263 @@
+"""A decoder-only transformer of the Llama / Qwen2 / Qwen3 family as pure functions over a params pytree.
+
+One function, `forward`, serves every role (policy, frozen reference, teachers): a role is just another
+params pytree. Parameters of all layers are stacked on a leading `layers` axis and applied with
+`lax.scan`, which keeps compile time flat in depth.
+
+Pieces: RMSNorm, rotary embeddings (HF "rotate half" convention, configurable theta), grouped-query
+attention, SwiGLU MLP, optional QK-norm (Qwen3), optional q/k/v bias (Qwen2), optional tied embeddings,
+and a `head_dim` that need not equal d_model / n_heads.
+
+Every parameter carries *logical* axis names (`param_axes`); `nemocascade.mesh` maps them to mesh axes.
+Masking follows left padding: `valid[b, t]` marks real tokens, padded keys are never attended to.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+Params = dict[str, Any]
+_NEG_INF = -1e30  # finite, so fully-masked (padding) rows stay NaN-free
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    d_model: int = 128
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    head_dim: int = 32
+    d_ff: int = 384
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-6
+    qk_norm: bool = False
+    qkv_bias: bool = False
+    tie_embeddings: bool = False
+    dtype: str = "float32"  # compute dtype: "float32" or "bfloat16"; params stay in param_dtype
+    param_dtype: str = "float32"
+    init_std: float = 0.02
+    remat: bool = False  # rematerialise each layer in the backward pass (memory for compute)
+
+    def __post_init__(self):
+        for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff"):
+            if int(getattr(self, key)) <= 0:
+                raise ValueError(f"model.{key} must be positive, got {getattr(self, key)!r}")
+        if self.n_heads % self.n_kv_heads:
+            raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.n_kv_heads}")
+        if self.head_dim % 2:
+            raise ValueError(f"model.head_dim={self.head_dim} must be even for rotary embeddings")
+        for key in ("dtype", "param_dtype"):
+            if getattr(self, key) not in ("float32", "bfloat16"):
+                raise ValueError(f"model.{key} must be 'float32' or 'bfloat16', got {getattr(self, key)!r}")
+
+    @classmethod
+    def from_dict(cls, d) -> "ModelConfig":
+        d = dict(d)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown model config key(s) {unknown}; known: {sorted(known)}")
+        return cls(**d)
+
+
+def param_axes(cfg: ModelConfig) -> Params:
+    """Logical axis names of every parameter, in the same pytree structure as the params."""
+    layer = {
+        "attn_norm": ("layers", "norm"),
+        "wq": ("layers", "embed", "heads", "head_dim"),
+        "wk": ("layers", "embed", "kv_heads", "head_dim"),
+        "wv": ("layers", "embed", "kv_heads", "head_dim"),
+        "wo": ("layers", "heads", "head_dim", "embed"),
+        "mlp_norm": ("layers", "norm"),
+        "w_gate": ("layers", "embed", "mlp"),
+        "w_up": ("layers", "embed", "mlp"),
+        "w_down": ("layers", "mlp", "embed"),
+    }
+    if cfg.qkv_bias:
+        layer |= {"bq": ("layers", "heads", "head_dim"), "bk": ("layers", "kv_heads", "head_dim"),
+                  "bv": ("layers", "kv_heads", "head_dim")}
+    if cfg.qk_norm:
+        layer |= {"q_norm": ("layers", "head_dim"), "k_norm": ("layers", "head_dim")}
+    axes = {"embed": ("vocab", "embed"), "layers": layer, "final_norm": ("norm",)}
+    if not cfg.tie_embeddings:
+        axes["lm_head"] = ("embed", "vocab")
+    return axes
+
+
+def param_shapes(cfg: ModelConfig) -> Params:
+    L, D, H, K, Dh, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
+                            cfg.d_ff, cfg.vocab_size)
+    layer = {"attn_norm": (L, D), "wq": (L, D, H, Dh), "wk": (L, D, K, Dh), "wv": (L, D, K, Dh),
+             "wo": (L, H, Dh, D), "mlp_norm": (L, D), "w_gate": (L, D, F), "w_up": (L, D, F),
+             "w_down": (L, F, D)}
+    if cfg.qkv_bias:
+        layer |= {"bq": (L, H, Dh), "bk": (L, K, Dh), "bv": (L, K, Dh)}
+    if cfg.qk_norm:
+        layer |= {"q_norm": (L, Dh), "k_norm": (L, Dh)}
+    shapes = {"embed": (V, D), "layers": layer, "final_norm": (D,)}
+    if not cfg.tie_embeddings:
+        shapes["lm_head"] = (D, V)
+    return shapes
+
+
+def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
+    """Norm weights 1, biases 0, matrices N(0, init_std); the output projections are scaled by
+    1/sqrt(2 n_layers) (GPT-2) so the residual stream does not grow with depth."""
+    shapes = param_shapes(cfg)
+    flat, treedef = jax.tree.flatten_with_path(shapes, is_leaf=lambda x: isinstance(x, tuple))
+    keys = jax.random.split(rng, len(flat))
+    dtype = jnp.dtype(cfg.param_dtype)
+    leaves = []
+    for (path, shape), key in zip(flat, keys):
+        name = path[-1].key
+        if "norm" in name:
+            leaves.append(jnp.ones(shape, dtype))
+        elif name.startswith("b"):
+            leaves.append(jnp.zeros(shape, dtype))
+        else:
+            std = cfg.init_std / ((2 * cfg.n_layers) ** 0.5 if name in ("wo", "w_down") else 1.0)
+            leaves.append((std * jax.random.normal(key, shape, jnp.float32)).astype(dtype))
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def count_params(params: Params) -> int:
+    return sum(int(x.size) for x in jax.tree.leaves(params))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Building blocks
+
+
+def rms_norm(x, weight, eps):
+    """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32 (as HF Llama/Qwen)."""
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return (y * weight.astype(jnp.float32)).astype(x.dtype)
+
+
+def rope(x, positions, theta):
+    """Rotary embedding, HF 'rotate_half' layout. x [B, T, N, Dh], positions [B, T] int."""
+    half = x.shape[-1] // 2
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x.shape[-1]))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, half]
+    cos = jnp.cos(angles)[:, :, None, :]
+    sin = jnp.sin(angles)[:, :, None, :]
+    x32 = x.astype(jnp.float32)
+    x1, x2 = x32[..., :half], x32[..., half:]
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+def attention(q, k, v, mask):
+    """Grouped-query attention. q [B, T, H, Dh]; k, v [B, S, K, Dh]; mask [B, T, S] bool."""
+    B, T, H, Dh = q.shape
+    K = k.shape[2]
+    q = q.reshape(B, T, K, H // K, Dh)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) / (Dh ** 0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(B, T, H, Dh)
+
+
+class KVCache(NamedTuple):
+    """Per-layer keys/values for `max_len` slots and which slots hold real tokens.
+
+    k, v: [n_layers, B, max_len, n_kv_heads, head_dim]; valid: [B, max_len] bool.
+    Slot s holds the s-th token of the (left-padded) sequence; rotary positions are stored in k already.
+    """
+    k: jax.Array
+    v: jax.Array
+    valid: jax.Array
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
+    shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
+    dtype = jnp.dtype(cfg.dtype)
+    return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, max_len), bool))
+
+
+def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None):
+    """One pre-norm block. With `kv` (this layer's cached k, v), writes the new keys at slot `start`
+    and attends over all cached slots; returns (x, (k, v)) so scan can stack the updated cache."""
+    dt = jnp.dtype(cfg.dtype)
+    w = lambda name: p[name].astype(dt)  # noqa: E731  (cast params to the compute dtype)
+    h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
+    q = jnp.einsum("btd,dhk->bthk", h, w("wq"))
+    k = jnp.einsum("btd,dhk->bthk", h, w("wk"))
+    v = jnp.einsum("btd,dhk->bthk", h, w("wv"))
+    if cfg.qkv_bias:
+        q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
+    if cfg.qk_norm:
+        q = rms_norm(q, p["q_norm"], cfg.norm_eps)
+        k = rms_norm(k, p["k_norm"], cfg.norm_eps)
+    q = rope(q, positions, cfg.rope_theta)
+    k = rope(k, positions, cfg.rope_theta)
+    if kv is not None:
+        k_all = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), start, axis=1)
+        v_all = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), start, axis=1)
+        k, v, kv = k_all, v_all, (k_all, v_all)
+    x = x + jnp.einsum("bthk,hkd->btd", attention(q, k, v, mask), w("wo"))
+    h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
+    gate = jnp.einsum("btd,df->btf", h, w("w_gate"))
+    up = jnp.einsum("btd,df->btf", h, w("w_up"))
+    x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w("w_down"))
+    return x, kv
+
+
+def forward(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None,
+            cache: KVCache | None = None, start=0, return_hidden: bool = False):
+    """Logits for `tokens` [B, T] (float32 [B, T, vocab]).
+
+    positions: rotary positions [B, T] (default 0..T-1). With left padding pass
+        `positions = t - n_pad[b]` so every row's first real token has position 0.
+    valid: [B, T] bool, False on padding; padded keys are never attended to.
+    cache: if given, the T tokens are written to cache slots [start, start+T) and attend to every valid
+        cached slot at or before their own; returns (logits, new_cache). This is both prefill
+        (start=0, T=prompt length) and decode (T=1).
+    return_hidden: also return the final normed hidden state [B, T, d_model] (for scalar heads).
+    """
+    B, T = tokens.shape
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    if valid is None:
+        valid = jnp.ones((B, T), bool)
+    dt = jnp.dtype(cfg.dtype)
+    x = params["embed"].astype(dt)[tokens]
+
+    if cache is None:
+        causal = jnp.tril(jnp.ones((T, T), bool))
+        mask = causal[None] & valid[:, None, :]
+        kvs = None
+    else:
+        kv_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, start, axis=1)
+        slots = jnp.arange(cache.valid.shape[1])
+        query_slots = start + jnp.arange(T)
+        mask = (slots[None, :] <= query_slots[:, None])[None] & kv_valid[:, None, :]
+        kvs = (cache.k, cache.v)
+
+    def body(x, xs):
+        p, kv = xs
+        return _layer(cfg, x, p, positions, mask, kv, start)
+
+    if cfg.remat:
+        body = jax.checkpoint(body, prevent_cse=False)
+    x, new_kvs = jax.lax.scan(body, x, (params["layers"], kvs))
+    h = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+    logits = jnp.einsum("btd,dv->btv", h, head.astype(dt), preferred_element_type=jnp.float32)
+    out = (logits,)
+    if cache is not None:
+        out += (KVCache(new_kvs[0], new_kvs[1], kv_valid),)
+    if return_hidden:
+        out += (h,)
+    return out[0] if len(out) == 1 else out
+
+
+def left_pad_positions(valid):
+    """Rotary positions for left-padded rows: 0 at each row's first real token (pads get 0 too)."""
+    return jnp.maximum(jnp.cumsum(valid.astype(jnp.int32), axis=1) - 1, 0)
