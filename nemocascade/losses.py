@@ -1,0 +1,310 @@
+"""Pure, jittable loss functions for SFT, GRPO and MOPD (METHOD.md).
+
+Shapes: ``B``/``N`` sequences (responses), ``T`` positions, ``V`` vocabulary. Every ``mask`` is 1 on the
+tokens that count (response tokens, not prompt or padding) and 0 elsewhere; any numeric or bool dtype.
+All reductions run in float32 whatever the dtype of the logits.
+
+Contents:
+  token_cross_entropy   SFT next-token loss.
+  token_logprobs        log pi(y_t) of the sampled tokens; token_entropy.
+  group_advantages      GRPO group-normalised advantages (C1/C2 Eq. 1).
+  kl_penalty            per-token k1/k2/k3 KL estimators (Schulman 2020).
+  grpo_loss             strictly on-policy GRPO, token-mean (DAPO) by default; micro-batch-exact.
+  loss_normalizer       the global denominator ``grpo_loss`` needs when micro-batching.
+  mopd_loss             multi-domain on-policy distillation (C2 section 4.4).
+  forward_kl / reverse_kl / generalized_jsd   full-distribution distillation losses (GKD), per token.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import optax
+
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "constant")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+# The IS band is inclusive. exp(log r) in float32 can land an ulp or two off 0.5 / 2.0 on some backends,
+# so the edges get a relative slack far below any ratio that matters (0.49 and 2.01 are well outside).
+_BAND_RTOL = 1e-6
+
+
+def _f32(x):
+    return jnp.asarray(x, jnp.float32)
+
+
+def _check_same_shape(ref_name, ref, **others):
+    for name, x in others.items():
+        if x is not None and jnp.shape(x) != jnp.shape(ref):
+            raise ValueError(f"{name} has shape {jnp.shape(x)}, expected the shape of {ref_name} "
+                             f"{jnp.shape(ref)}")
+
+
+def _masked_mean(x, mask):
+    """sum(mask * x) / max(sum(mask), 1): 0 when nothing is valid, never NaN."""
+    mask = _f32(mask)
+    return jnp.sum(mask * x) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+# ----------------------------------------------------------------------------------------------- SFT
+
+
+def token_cross_entropy(logits, targets, mask):
+    """Masked token-mean cross entropy for SFT.
+
+    ``loss = sum_{b,t} m_{b,t} * nll_{b,t} / max(sum m, 1)`` with ``nll = -log softmax(logits)[target]``.
+
+    Args: logits [B,T,V]; targets int [B,T]; mask [B,T].
+    Returns: (loss, metrics) with metrics ``nll`` (= loss), ``tokens`` (sum of mask) and ``accuracy``
+    (masked mean of ``argmax(logits) == target``).
+    """
+    _check_same_shape("targets", targets, mask=mask)
+    if jnp.shape(logits)[:-1] != jnp.shape(targets):
+        raise ValueError(f"logits has shape {jnp.shape(logits)}; its leading dims must equal targets "
+                         f"{jnp.shape(targets)}")
+    nll = optax.softmax_cross_entropy_with_integer_labels(_f32(logits), targets)
+    loss = _masked_mean(nll, mask)
+    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    metrics = {"nll": loss, "tokens": jnp.sum(_f32(mask)), "accuracy": _masked_mean(correct, mask)}
+    return loss, metrics
+
+
+# --------------------------------------------------------------------------------- per-token stats
+
+
+def token_logprobs(logits, tokens):
+    """``log softmax(logits)[b, t, tokens[b, t]]`` in float32. logits [B,T,V], tokens int [B,T] -> [B,T]."""
+    if jnp.shape(logits)[:-1] != jnp.shape(tokens):
+        raise ValueError(f"logits has shape {jnp.shape(logits)}; its leading dims must equal tokens "
+                         f"{jnp.shape(tokens)}")
+    logp = jax.nn.log_softmax(_f32(logits), axis=-1)
+    return jnp.take_along_axis(logp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def token_entropy(logits):
+    """Entropy of softmax(logits) at each position: ``H = -sum_v p_v log p_v``. [B,T,V] -> [B,T].
+
+    Tokens masked with ``-inf`` logits have p = 0 and contribute 0 (not NaN), also in the gradient.
+    """
+    logp = jax.nn.log_softmax(_f32(logits), axis=-1)
+    p = jnp.exp(logp)
+    safe_logp = jnp.where(p > 0, logp, 0.0)  # avoid 0 * -inf in the value and in the gradient
+    return -jnp.sum(p * safe_logp, axis=-1)
+
+
+# ---------------------------------------------------------------------------------------------- GRPO
+
+
+def group_advantages(rewards, eps=1e-6):
+    """GRPO advantage (C1/C2 Eq. 1): ``A_{p,i} = (r_{p,i} - mean_i r_p) / (std_i r_p + eps)``.
+
+    rewards [P, G] (P prompts, G rollouts each); population std (ddof=0). A group whose rewards are all
+    equal gets advantage 0 for every rollout. Returns float32 [P, G].
+    """
+    if jnp.ndim(rewards) != 2:
+        raise ValueError(f"rewards must be [num_prompts, group_size], got shape {jnp.shape(rewards)}")
+    r = _f32(rewards)
+    mean = jnp.mean(r, axis=-1, keepdims=True)
+    std = jnp.std(r, axis=-1, keepdims=True)
+    return (r - mean) / (std + eps)
+
+
+def kl_penalty(logp, ref_logp, estimator="k3"):
+    """Per-token estimators of KL(pi || pi_ref) from sampled-token log-probs (Schulman, "Approximating KL").
+
+    With ``d = ref_logp - logp`` (y ~ pi):
+      k1 = -d = logp - ref_logp           (unbiased, can be negative)
+      k2 = 0.5 * d^2                      (biased, low variance)
+      k3 = exp(d) - d - 1                 (unbiased, always >= 0; our default, METHOD.md [ours])
+    Gradients flow through ``logp`` only; ``ref_logp`` is a frozen reference.
+    """
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator={estimator!r} is unknown; expected one of {KL_ESTIMATORS}")
+    _check_same_shape("logp", logp, ref_logp=ref_logp)
+    d = jax.lax.stop_gradient(_f32(ref_logp)) - _f32(logp)
+    if estimator == "k1":
+        return -d
+    if estimator == "k2":
+        return 0.5 * d * d
+    return jnp.exp(d) - d - 1.0
+
+
+def loss_normalizer(mask, aggregation="token_mean"):
+    """The denominator ``grpo_loss`` divides its sums by, computed on a (global) mask [N, T].
+
+    token_mean: ``sum(mask)``; seq_mean_token_mean: number of responses with >= 1 valid token;
+    constant: ``N * T``. Floored at 1 so an empty batch gives loss 0, not NaN. Compute it once on the whole
+    batch and pass it as ``normalizer=`` to every micro-batch: the micro-batch losses and gradients then
+    sum to the full-batch ones exactly (METHOD.md: normalise over the global batch).
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation={aggregation!r} is unknown; expected one of {AGGREGATIONS}")
+    mask = _f32(mask)
+    if aggregation == "token_mean":
+        count = jnp.sum(mask)
+    elif aggregation == "seq_mean_token_mean":
+        count = jnp.sum(jnp.sum(mask, axis=-1) > 0).astype(jnp.float32)
+    else:
+        count = jnp.float32(mask.shape[0] * mask.shape[1])
+    return jnp.maximum(count, 1.0)
+
+
+def _aggregate_sum(per_token, mask, aggregation):
+    """The numerator matching ``loss_normalizer``: the loss is ``_aggregate_sum(...) / normalizer``."""
+    mask = _f32(mask)
+    if aggregation == "seq_mean_token_mean":
+        n_tok = jnp.sum(mask, axis=-1)
+        # Empty responses give 0 and are not counted by loss_normalizer either.
+        return jnp.sum(jnp.sum(mask * per_token, axis=-1) / jnp.maximum(n_tok, 1.0))
+    return jnp.sum(mask * per_token)  # token_mean and constant differ only in the normalizer
+
+
+def grpo_loss(logp, advantages, mask, kl_coef=0.0, ref_logp=None, kl_estimator="k3",
+              aggregation="token_mean", normalizer=None):
+    """Strictly on-policy GRPO loss (C1/C2 Eq. 1, METHOD.md "GRPO as used in every RL stage").
+
+    One optimiser update per sampled batch makes the importance ratio pi/pi_old identically 1, and
+    ``grad ratio |_{ratio=1} = grad log pi``, so the per-token objective is simply ``-A_i * logp_{i,t}``
+    (its value is not the PPO surrogate's value; its gradient is the same). Clipping never triggers at
+    ratio 1 and is omitted.
+
+    Per-token loss ``l_{i,t} = -A_i * logp_{i,t} + kl_coef * kl_{i,t}`` (kl from ``kl_penalty``), reduced by
+    ``aggregation``:
+      token_mean (default, DAPO):  L = sum_{i,t} m l / sum_{i,t} m
+      seq_mean_token_mean:         L = mean over responses with |m_i| > 0 of (sum_t m l / sum_t m)
+      constant (Dr. GRPO):         L = sum_{i,t} m l / (N * T),  T = mask.shape[1]
+    ``normalizer``: a scalar that replaces the whole denominator (see ``loss_normalizer``). For
+    micro-batching, pass ``loss_normalizer(global_mask, aggregation)`` to every micro-batch and sum their
+    losses/gradients: the result equals the full-batch loss/gradient. With the constant aggregation a
+    fixed denominator such as ``N * max_len`` may also be passed directly.
+
+    Args: logp, mask, ref_logp [N, T]; advantages [N] (treated as constants).
+    Returns: (loss, metrics). metrics: ``pg_loss`` (the policy-gradient part, same reduction; with a
+    normalizer it is this micro-batch's share), ``kl`` (mean over valid tokens, only if ref_logp given),
+    ``num_tokens`` (sum of mask).
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation={aggregation!r} is unknown; expected one of {AGGREGATIONS}")
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator={kl_estimator!r} is unknown; expected one of {KL_ESTIMATORS}")
+    if kl_coef < 0:
+        raise ValueError(f"kl_coef={kl_coef} must be >= 0")
+    if kl_coef > 0 and ref_logp is None:
+        raise ValueError(f"kl_coef={kl_coef} > 0 needs ref_logp (the frozen reference's log-probs)")
+    if jnp.ndim(logp) != 2:
+        raise ValueError(f"logp must be [N, T], got shape {jnp.shape(logp)}")
+    _check_same_shape("logp", logp, mask=mask, ref_logp=ref_logp)
+    if jnp.shape(advantages) != jnp.shape(logp)[:1]:
+        raise ValueError(f"advantages has shape {jnp.shape(advantages)}, expected [N] = "
+                         f"{jnp.shape(logp)[:1]}")
+
+    denom = loss_normalizer(mask, aggregation) if normalizer is None else _f32(normalizer)
+    adv = jax.lax.stop_gradient(_f32(advantages))[:, None]
+    pg_per_token = -adv * _f32(logp)
+    pg_loss = _aggregate_sum(pg_per_token, mask, aggregation) / denom
+    metrics = {"pg_loss": pg_loss, "num_tokens": jnp.sum(_f32(mask))}
+    loss = pg_loss
+    if ref_logp is not None:
+        kl = kl_penalty(logp, ref_logp, kl_estimator)
+        metrics["kl"] = _masked_mean(jax.lax.stop_gradient(kl), mask)
+        if kl_coef > 0:
+            loss = loss + kl_coef * _aggregate_sum(kl, mask, aggregation) / denom
+    return loss, metrics
+
+
+# ---------------------------------------------------------------------------------------------- MOPD
+
+
+def mopd_loss(logp_train, logp_teacher, logp_sampler, mask, is_low=0.5, is_high=2.0, normalizer=None):
+    """Multi-domain on-policy distillation loss (C2 section 4.4, METHOD.md "MOPD").
+
+    Per sampled token y_t ~ pi_inf (only the sampled token, not the vocabulary):
+      a_t   = sg[log pi_teacher(y_t) - log pi_train(y_t)]                      (token advantage)
+      r_t   = exp(sg[log pi_train(y_t)] - log pi_inf(y_t))                     (train/sampler mismatch)
+      w_t   = sg[r_t] * 1[is_low <= r_t <= is_high]       (outside the band: weight 0, NOT clipped)
+      L     = -mean_{y: |V(y)|>0} [ (1/|V(y)|) sum_{t in V(y)} w_t a_t log pi_train(y_t) ]
+    V(y) = the valid (mask = 1) tokens of response y. Responses with |V(y)| = 0 contribute 0 and are left
+    out of the mean (so padding rows never dilute it); with no valid response at all the loss is 0.
+    ``normalizer``: replaces the count of valid responses, for micro-batching (pass the global count).
+
+    Gradient: dL/dlogp_train[i,t] = -w_t a_t m_{i,t} / |V(y_i)| / num_valid_responses.
+    Args: all [N, T]. Returns (loss, metrics): ``reverse_kl`` = masked mean of (logp_train - logp_teacher)
+    (should fall toward 0), ``is_weight_mean`` (masked mean of w), ``is_clip_frac`` (fraction of valid
+    tokens outside the band), ``num_tokens``, ``num_responses`` (responses with >= 1 valid token).
+    """
+    if not 0 < is_low <= 1 <= is_high:
+        raise ValueError(f"is_low={is_low}, is_high={is_high}: need 0 < is_low <= 1 <= is_high")
+    if jnp.ndim(logp_train) != 2:
+        raise ValueError(f"logp_train must be [N, T], got shape {jnp.shape(logp_train)}")
+    _check_same_shape("logp_train", logp_train, logp_teacher=logp_teacher, logp_sampler=logp_sampler,
+                      mask=mask)
+    mask = _f32(mask)
+    logp_train = _f32(logp_train)
+    sg_train = jax.lax.stop_gradient(logp_train)
+    adv = jax.lax.stop_gradient(_f32(logp_teacher)) - sg_train
+    ratio = jnp.exp(sg_train - jax.lax.stop_gradient(_f32(logp_sampler)))
+    in_band = (ratio >= is_low * (1 - _BAND_RTOL)) & (ratio <= is_high * (1 + _BAND_RTOL))
+    weight = jnp.where(in_band, ratio, 0.0)
+
+    n_tok = jnp.sum(mask, axis=-1)
+    valid_resp = (n_tok > 0).astype(jnp.float32)
+    per_resp = jnp.sum(mask * weight * adv * logp_train, axis=-1) / jnp.maximum(n_tok, 1.0)
+    denom = jnp.maximum(jnp.sum(valid_resp), 1.0) if normalizer is None else _f32(normalizer)
+    loss = -jnp.sum(per_resp) / denom
+
+    metrics = {
+        "reverse_kl": _masked_mean(sg_train - jax.lax.stop_gradient(_f32(logp_teacher)), mask),
+        "is_weight_mean": _masked_mean(weight, mask),
+        "is_clip_frac": _masked_mean(1.0 - in_band.astype(jnp.float32), mask),
+        "num_tokens": jnp.sum(mask),
+        "num_responses": jnp.sum(valid_resp),
+    }
+    return loss, metrics
+
+
+# ------------------------------------------------------------- full-distribution distillation (GKD)
+
+
+def forward_kl(student_logits, teacher_logits):
+    """Per-token forward KL(teacher || student) = sum_v p_T (log p_T - log p_S). [N,T,V] x2 -> [N,T].
+
+    Mode-covering (classic KD). Teacher is treated as a constant. Reduce with a masked mean.
+    """
+    _check_same_shape("student_logits", student_logits, teacher_logits=teacher_logits)
+    log_s = jax.nn.log_softmax(_f32(student_logits), axis=-1)
+    log_t = jax.nn.log_softmax(jax.lax.stop_gradient(_f32(teacher_logits)), axis=-1)
+    p_t = jnp.exp(log_t)
+    return jnp.sum(jnp.where(p_t > 0, p_t * (log_t - log_s), 0.0), axis=-1)
+
+
+def reverse_kl(student_logits, teacher_logits):
+    """Per-token reverse KL(student || teacher) = sum_v p_S (log p_S - log p_T). [N,T,V] x2 -> [N,T].
+
+    Mode-seeking; the full-vocabulary counterpart of MOPD's sampled-token objective.
+    """
+    _check_same_shape("student_logits", student_logits, teacher_logits=teacher_logits)
+    log_s = jax.nn.log_softmax(_f32(student_logits), axis=-1)
+    log_t = jax.nn.log_softmax(jax.lax.stop_gradient(_f32(teacher_logits)), axis=-1)
+    p_s = jnp.exp(log_s)
+    return jnp.sum(jnp.where(p_s > 0, p_s * (log_s - log_t), 0.0), axis=-1)
+
+
+def generalized_jsd(student_logits, teacher_logits, beta=0.5):
+    """Per-token generalised Jensen-Shannon divergence (GKD, Agarwal et al. 2023, Eq. for JSD(beta)).
+
+    ``M = beta * p_T + (1 - beta) * p_S``;  ``JSD_beta = beta * KL(p_T || M) + (1 - beta) * KL(p_S || M)``.
+    beta = 0.5 is the symmetric JSD. beta must lie strictly in (0, 1): at the end points it is
+    identically 0, use ``forward_kl`` / ``reverse_kl`` instead. [N,T,V] x2 -> [N,T].
+    """
+    if not 0.0 < beta < 1.0:
+        raise ValueError(f"beta={beta} must lie in (0, 1); use forward_kl / reverse_kl for the end points")
+    _check_same_shape("student_logits", student_logits, teacher_logits=teacher_logits)
+    log_s = jax.nn.log_softmax(_f32(student_logits), axis=-1)
+    log_t = jax.nn.log_softmax(jax.lax.stop_gradient(_f32(teacher_logits)), axis=-1)
+    log_m = jnp.logaddexp(log_t + jnp.log(beta), log_s + jnp.log1p(-beta))
+
+    def kl_to_m(log_p):
+        p = jnp.exp(log_p)
+        return jnp.sum(jnp.where(p > 0, p * (log_p - log_m), 0.0), axis=-1)
+
+    return beta * kl_to_m(log_t) + (1.0 - beta) * kl_to_m(log_s)
