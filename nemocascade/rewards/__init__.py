@@ -1,0 +1,24 @@
+"""Reward functions by domain (METHOD.md "Rewards per domain").
+
+The domain is a field on every example and picks its verifier here, through a dict, never an if/elif
+chain (STYLE.md). Every entry has the signature ``reward(completion: str, answer: str) -> float``, is a
+module-level function (so :class:`~nemocascade.rewards.pool.VerifierPool` workers can unpickle it) and
+never raises. Adding a domain = one module + one entry.
+"""
+
+from collections.abc import Callable
+
+from nemocascade.rewards import math
+
+REWARDS: dict[str, Callable[[str, str], float]] = {
+    "math": math.score,
+}
+
+
+def get_reward(domain: str) -> Callable[[str, str], float]:
+    """The reward function registered for ``domain``; KeyError naming the known domains otherwise."""
+    try:
+        return REWARDS[domain]
+    except KeyError:
+        known = sorted(REWARDS)
+        raise KeyError(f"no reward registered for domain {domain!r}; known domains: {known}") from None

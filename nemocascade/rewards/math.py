@@ -1,0 +1,272 @@
+"""Math reward: 1.0 iff the final ``\\boxed{...}`` answer after ``</think>`` equals the reference.
+
+METHOD.md "Rewards per domain": extract the final answer from the text *after* ``</think>`` and compare
+it by rule (numeric / symbolic equivalence) -> {0, 1}.
+
+Pipeline of :func:`score` (every step can only *lose* the reward; any exception -> 0.0):
+
+1. Final text (``nemocascade.chat.strip_think``): after the LAST ``</think>``; a ``<think>`` with no
+   ``</think>`` is an unfinished reasoning trace -> 0; no think tag at all -> the whole text.
+2. Answer: the LAST top-level ``\\boxed{...}`` / ``\\boxed {...}`` / ``\\fbox{...}`` of the final text,
+   its braces matched by a counter (an unbalanced last box -> 0). Text outside the box is ignored.
+   The reference may be bare (``3/4``) or boxed itself.
+3. Fast path (microseconds, decides most cases): a cheap normaliser (``$``, ``\\left``/``\\right``,
+   spacing, ``\\dfrac``/``\\tfrac``, ``\\text{}``, units, ``%``, degrees, ``x =`` prefixes, thousands
+   separators, unicode minus) then
+     - equal canonical strings -> 1;
+     - both sides exact rationals (integers, decimals, ``a/b``, ``\\frac{a}{b}``) -> compare with
+       ``fractions.Fraction``. Decimals are exact: ``0.33`` is not ``1/3``.
+4. Fallback, only when the fast path cannot decide (``\\sqrt{12}`` vs ``2\\sqrt{3}``, ``\\pi/2`` vs
+   ``\\frac{\\pi}{2}``, sets, intervals, ...): ``math_verify`` under a time limit. Inputs that are too
+   long, too deeply nested or contain power towers / huge exponents are refused before they reach sympy
+   (they would hang or blow up memory), so they return in microseconds.
+
+Timeouts. In the main thread (the normal case inside a :class:`~nemocascade.rewards.pool.VerifierPool`
+worker) math_verify's own ``signal.alarm`` limits interrupt the sympy work. ``signal`` only works in the
+main thread, so in any other thread math_verify runs with its limits off inside a daemon helper thread
+that we stop waiting for after ``_FALLBACK_TIMEOUT_S * 3`` s (the caller gets 0.0 on time; the
+abandoned thread may keep burning CPU until it finishes -- use the pool for untrusted volume).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import re
+import threading
+from fractions import Fraction
+
+from nemocascade.chat import strip_think
+
+_FALLBACK_TIMEOUT_S = 1  # math_verify's limits are whole seconds (signal.alarm)
+_MAX_FALLBACK_CHARS = 400  # a longer boxed answer is garbage; sympy on it is slow, never useful
+_MAX_BRACE_DEPTH = 12
+_MAX_EXPONENT_DIGITS = 4  # 2^{10000} is fine to compare; 2^{100000} starts costing seconds
+
+
+def score(completion: str, answer: str, in_think: bool = False) -> float:
+    """1.0 if ``completion``'s final boxed answer equals ``answer`` (module docstring), else 0.0.
+
+    ``in_think=True``: the completion was generated after a thinking-mode prompt (its ``<think>`` is in
+    the prompt), so a completion with no ``</think>`` is unfinished -> 0 (see ``chat.strip_think``).
+    Never raises: malformed or pathological input of any kind scores 0.0.
+    """
+    try:
+        return 1.0 if _is_correct(completion, answer, in_think) else 0.0
+    except Exception:  # a verifier bug must cost one reward, never the RL step
+        return 0.0
+
+
+def _is_correct(completion: str, answer, in_think: bool) -> bool:
+    final = strip_think(completion, in_think=in_think)  # "" when the think block never closed
+    pred = last_boxed(final)
+    answer = str(answer)  # datasets sometimes store the reference as int/float
+    gold = last_boxed(answer) if _BOX_RE.search(answer) else answer
+    if pred is None or gold is None:
+        return False
+    p, g = _normalise(pred), _normalise(gold)
+    if not p or not g:
+        return False
+    if p == g:
+        return True
+    rp, rg = _to_fraction(p), _to_fraction(g)
+    if rp is not None and rg is not None:
+        return rp == rg
+    if _too_costly(pred) or _too_costly(gold):
+        return False
+    return _math_verify_equal(pred, gold)
+
+
+# --------------------------------------------------------------------------------------- extraction
+_BOX_RE = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last top-level ``\\boxed{..}``/``\\fbox{..}`` in ``text``; None if absent or unbalanced.
+
+    Braces are matched with a counter (a regex cannot match nested braces). A box inside another box
+    is part of the outer one's content: ``\\boxed{\\boxed{5}}`` -> ``\\boxed{5}`` (the normaliser peels it).
+    """
+    found, pos = None, 0
+    while (m := _BOX_RE.search(text, pos)) is not None:
+        close = _matching_brace(text, m.end() - 1)
+        if close is None:
+            return None  # the last top-level box never closes: the answer is cut off
+        found, pos = text[m.end():close], close + 1
+    return found
+
+
+def _matching_brace(text: str, open_idx: int) -> int | None:
+    """Index of the ``}`` that closes ``text[open_idx] == '{'``, skipping escaped ``\\{``/``\\}``."""
+    depth, i = 0, open_idx
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2  # \{ and \} are literal braces (sets), not grouping
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return None
+
+
+# --------------------------------------------------------------------------------------- normaliser
+_REPLACE = [  # (old, new), applied in order before any regex
+    ("\u2212", "-"), ("\\$", ""), ("$", ""), ("\\(", ""), ("\\)", ""), ("\\[", ""), ("\\]", ""),
+    ("\\dfrac", "\\frac"), ("\\tfrac", "\\frac"), ("\\displaystyle", ""), ("{,}", ","),
+    ("^{\\circ}", ""), ("^\\circ", ""), ("\\circ", ""), ("\u00b0", ""), ("\\degree", ""),
+    ("\\%", ""), ("%", ""), ("\\!", ""), ("\\,", " "), ("\\;", " "), ("\\:", " "), ("\\ ", " "),
+    ("\\qquad", " "), ("\\quad", " "), ("~", " "),
+]
+_LEFT_RIGHT_RE = re.compile(r"\\(?:left|right)(?![a-zA-Z])")
+_TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|textrm|textit|mathrm|mathbf|mbox)\s*\{")
+_VAR_EQ_RE = re.compile(r"^\s*(?:[a-zA-Z](?:_\{?\w+\}?)?|\\[a-zA-Z]+)\s*=\s*([^=]+)$")
+# Unit words have >= 2 letters: "2 x" is a product, not 2 of unit x (one-letter units go to math_verify).
+_UNITS_RE = re.compile(r"^(.*?)(?:\s+[a-zA-Z]{2,}(?:\^\{?\d\}?)?)+\s*$")
+_ARG_CMD_RE = re.compile(r"\\(frac|sqrt)")
+
+
+def _normalise(s: str) -> str:
+    """Canonical string for the fast path: same value and same spelling -> same string.
+
+    Only *removes* notation (wrappers, units, spacing); it never evaluates anything.
+    """
+    s = s.strip()
+    for old, new in _REPLACE:
+        s = s.replace(old, new)
+    s = _LEFT_RIGHT_RE.sub("", s)
+    s = _unwrap_text(s)
+    if (m := _VAR_EQ_RE.match(s)) is not None:
+        s = m.group(1)  # "x = 5" -> "5"
+    s = s.strip().rstrip(".").strip()
+    if (m := _UNITS_RE.match(s)) is not None and _to_fraction(m.group(1).replace(" ", "")) is not None:
+        s = m.group(1)  # "5 apples" -> "5", only when what remains is a plain number
+    s = re.sub(r"\s+", "", s)
+    s = _brace_args(s)
+    while True:  # peel "{5}" and a box nested in the box, "\\boxed{\\fbox{5}}"
+        if len(s) >= 2 and s[0] == "{" and _matching_brace(s, 0) == len(s) - 1:
+            s = s[1:-1]
+        elif (m := _BOX_RE.match(s)) is not None and _matching_brace(s, m.end() - 1) == len(s) - 1:
+            s = s[m.end():-1]
+        else:
+            return s
+
+
+def _unwrap_text(s: str) -> str:
+    """``\\text{5 cm}`` -> `` 5 cm `` (spaces keep a unit separable from the number before it)."""
+    while (m := _TEXT_CMD_RE.search(s)) is not None:
+        close = _matching_brace(s, m.end() - 1)
+        if close is None:
+            return s
+        s = s[:m.start()] + " " + s[m.end():close] + " " + s[close + 1:]
+    return s
+
+
+def _brace_args(s: str) -> str:
+    """Brace the one-character arguments of ``\\frac``/``\\sqrt``: ``\\frac34`` -> ``\\frac{3}{4}``."""
+    out, pos = [], 0
+    for m in _ARG_CMD_RE.finditer(s):
+        if m.start() < pos:
+            continue
+        out.append(s[pos:m.end()])
+        pos = m.end()
+        for _ in range(2 if m.group(1) == "frac" else 1):
+            if pos >= len(s):
+                break
+            if s[pos] == "{":
+                close = _matching_brace(s, pos)
+                if close is None:
+                    break
+                out.append(s[pos:close + 1])
+                pos = close + 1
+            elif s[pos] != "\\":
+                out.append("{" + s[pos] + "}")
+                pos += 1
+    out.append(s[pos:])
+    return "".join(out)
+
+
+# ------------------------------------------------------------------------------------ exact numbers
+_NUMBER_RE = re.compile(r"^(?:\d+(?:\.\d*)?|\.\d+)$")
+_THOUSANDS_RE = re.compile(r"^\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_FRAC_RE = re.compile(r"^\\frac\{([^{}]*)\}\{([^{}]*)\}$")
+
+
+def _to_fraction(s: str) -> Fraction | None:
+    """Exact value of a whitespace-free integer / decimal / ``a/b`` / ``\\frac{a}{b}``; None otherwise."""
+    if len(s) > 200:
+        return None
+    while len(s) >= 2 and (s[0], s[-1]) in {("(", ")"), ("{", "}")} and "," not in s:
+        s = s[1:-1]
+    sign = 1
+    while s[:1] in ("-", "+"):
+        sign, s = (-sign if s[0] == "-" else sign), s[1:]
+    if _THOUSANDS_RE.match(s):
+        s = s.replace(",", "")
+    if _NUMBER_RE.match(s):
+        return sign * Fraction(s)
+    if (m := _FRAC_RE.match(s)) is not None or s.count("/") == 1:
+        num, den = m.groups() if m is not None else s.split("/")
+        a, b = _to_fraction(num), _to_fraction(den)
+        if a is None or b is None or b == 0:
+            return None
+        return sign * a / b
+    return None
+
+
+# -------------------------------------------------------------------------------------- fallback
+_POWER_RE = re.compile(r"\^\s*(\{)?")
+_BIG_FACTORIAL_RE = re.compile(r"\d{4,}\s*!")  # 100000! costs sympy seconds
+
+
+def _too_costly(s: str) -> bool:
+    """True for input sympy would choke on: long, deeply nested, a power tower or a huge exponent."""
+    if len(s) > _MAX_FALLBACK_CHARS or _BIG_FACTORIAL_RE.search(s):
+        return True
+    s = s.replace("**", "^")
+    depth = 0
+    for c in s:
+        depth += (c == "{") - (c == "}")
+        if depth > _MAX_BRACE_DEPTH:
+            return True
+    for m in _POWER_RE.finditer(s):
+        if m.group(1):
+            close = _matching_brace(s, m.end() - 1)
+            exponent = s[m.end():close] if close is not None else s[m.end():]
+        else:
+            exponent = re.match(r"-?[\d.]*", s[m.end():]).group(0)
+            if s[m.end() + len(exponent):].lstrip().startswith("^"):
+                return True  # "10^10^10"
+        if "^" in exponent or any(len(d) > _MAX_EXPONENT_DIGITS for d in re.findall(r"\d+", exponent)):
+            return True
+    return False
+
+
+@functools.cache
+def _math_verify():
+    from math_verify import parse, verify  # slow import (sympy): only when the fast path can't decide
+
+    # math_verify logs every timeout at ERROR with the whole input; in RL that is thousands of lines.
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    return parse, verify
+
+
+def _mv_compare(pred: str, gold: str, timeout: int | None) -> bool:
+    parse, verify = _math_verify()
+    g = parse("\\boxed{" + gold + "}", parsing_timeout=timeout)
+    p = parse("\\boxed{" + pred + "}", parsing_timeout=timeout)
+    return bool(g and p and verify(g, p, timeout_seconds=timeout))
+
+
+def _math_verify_equal(pred: str, gold: str) -> bool:
+    if threading.current_thread() is threading.main_thread():
+        return _mv_compare(pred, gold, _FALLBACK_TIMEOUT_S)
+    result: list[bool] = []  # signal.alarm is main-thread only: time-box a helper thread instead
+    worker = threading.Thread(target=lambda: result.append(_mv_compare(pred, gold, None)), daemon=True)
+    worker.start()
+    worker.join(3 * _FALLBACK_TIMEOUT_S)
+    return bool(result and result[0])

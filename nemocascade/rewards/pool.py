@@ -1,0 +1,245 @@
+"""A process pool for verifiers, with a per-call timeout that kills hung workers.
+
+METHOD.md "Rewards per domain": verification runs in parallel across processes. Verifiers see model
+output, so any call may raise, hang (sympy on a pathological expression, an infinite loop in generated
+code) or crash its interpreter; none of that may stall or kill the RL step. Contract of
+:meth:`VerifierPool.score`: one float per item, in item order; a call that raises, returns something
+``float()`` rejects, exceeds its timeout or kills its worker scores 0.0.
+
+Why our own pool rather than ``concurrent.futures.ProcessPoolExecutor``: a running future cannot be
+cancelled, so a hung call would hold its worker forever, and a worker that dies breaks the whole
+executor. Here each worker is a ``multiprocessing.Process`` with its own pipe and runs one call at a
+time; the parent waits on all pipes with a deadline per call and, when a deadline passes, kills that
+one worker (SIGKILL) and starts a fresh one.
+
+Workers are started with the "spawn" context: the parent holds JAX/XLA threads and forking a
+multi-threaded process can deadlock the child. Spawn costs an interpreter start plus the import of
+``fn``'s module per worker (once, and again after each kill), and, like every spawn pool, it re-imports
+the launching script, which must therefore guard its entry point with ``if __name__ == "__main__":``.
+A worker reports ready before it gets its first call, so interpreter start-up never counts against a
+timeout (importing ``fn``'s module, on the worker's first call, does).
+Each worker runs ``fn`` in its main thread, so verifiers may use ``signal.alarm`` (math_verify does).
+Workers are daemon processes: a verifier must not use ``multiprocessing`` itself, and one that starts
+subprocesses (code execution) must bound and reap them itself -- killing a hung worker does not kill
+its children.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import threading
+import time
+from multiprocessing.connection import wait
+
+_CTX = mp.get_context("spawn")
+_STOP = b"stop"  # not a valid pickle, so no task can look like it
+_READY = b"ready"
+_BOOT_TIMEOUT_S = 120.0  # interpreter start + imports; generous for a loaded machine
+
+
+def _worker_main(conn) -> None:
+    """Worker loop: receive ``(index, pickled (fn, args))``, reply ``(index, score, load_error)``.
+
+    ``fn, args`` travel pickled inside the message so that failing to load them is reported, not fatal.
+    ``_STOP`` exits.
+    """
+    # Ctrl-C reaches the whole process group; the parent decides when workers die, not the terminal.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn.send_bytes(_READY)
+    while True:
+        try:
+            task = conn.recv_bytes()
+        except (EOFError, OSError):
+            return  # parent gone
+        if task == _STOP:
+            return
+        index, blob = pickle.loads(task)
+        try:
+            fn, args = pickle.loads(blob)
+        except BaseException as e:  # fn's module does not import here: a setup error, not a bad item
+            conn.send((index, 0.0, f"{type(e).__name__}: {e}"))
+            continue
+        try:
+            value = float(fn(*args))
+        except BaseException:  # includes SystemExit from a verifier: still one bad item, not a dead pool
+            value = 0.0
+        conn.send((index, value, None))
+
+
+class _Worker:
+    """One worker process and the parent's end of its pipe."""
+
+    def __init__(self):
+        self.conn, child_conn = _CTX.Pipe()
+        self.proc = _CTX.Process(target=_worker_main, args=(child_conn,), daemon=True)
+        self.proc.start()
+        child_conn.close()  # so the parent's recv sees EOF when the child dies
+        self.task: int | None = None  # index of the item it is running
+        self.deadline = 0.0
+        self.booted = False
+
+    def send(self, payload: bytes) -> None:
+        """Send a task once the worker has booted, so start-up time never counts against a call."""
+        if not self.booted:
+            if not self.conn.poll(_BOOT_TIMEOUT_S) or self.conn.recv_bytes() != _READY:
+                pid = self.proc.pid
+                raise RuntimeError(f"verifier worker {pid} failed to start within {_BOOT_TIMEOUT_S} s")
+            self.booted = True
+        self.conn.send_bytes(payload)
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join()
+        self.conn.close()
+
+
+class VerifierPool:
+    """``score(fn, items)`` = ``[fn(*item) for item in items]`` in parallel, each call time-boxed.
+
+    ``num_workers``: processes (None -> ``os.cpu_count()``); 0 runs every call inline in this process,
+    for debugging and tiny runs: exceptions still score 0.0, but the timeout is NOT enforced.
+    ``timeout_s``: default per-call limit, counted from when the call reaches its worker.
+    Use as a context manager or call :meth:`close`. ``score`` may be called from several threads (calls
+    are serialised).
+    """
+
+    def __init__(self, num_workers: int | None = None, timeout_s: float = 5.0):
+        if num_workers is None:
+            num_workers = os.cpu_count() or 1
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0 (0 = inline), got {num_workers}")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self.num_workers, self.timeout_s = num_workers, timeout_s
+        self._workers = [_Worker() for _ in range(num_workers)]
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """PIDs of the current worker processes (a killed worker's replacement has a new PID)."""
+        return [w.proc.pid for w in self._workers]
+
+    def score(self, fn, items: list[tuple], timeout_s: float | None = None) -> list[float]:
+        """One float per item, in item order; a raising, hung (> ``timeout_s``) or crashing call -> 0.0.
+
+        ``fn`` must be picklable by reference (a module-level function such as
+        ``nemocascade.rewards.math.score``); ``items`` are argument tuples. An unpicklable ``fn`` is a
+        programming error and raises TypeError; so is an ``fn`` that the workers cannot import
+        (RuntimeError), which would otherwise score every item 0.0 in silence. An unpicklable item
+        scores 0.0.
+        """
+        if self._closed:
+            raise RuntimeError("VerifierPool.score called after close()")
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
+        for k, item in enumerate(items):
+            if not isinstance(item, (tuple, list)):
+                raise TypeError(f"items[{k}] must be a tuple of fn's arguments, got {type(item).__name__}")
+        items = [tuple(item) for item in items]
+        if self.num_workers == 0:
+            return [_call_inline(fn, args) for args in items]
+        try:
+            pickle.dumps(fn)
+        except Exception as e:
+            raise TypeError(f"VerifierPool needs a picklable module-level fn, got {fn!r}: {e}") from e
+        with self._lock:
+            return self._run(fn, items, timeout_s)
+
+    def _run(self, fn, items: list[tuple], timeout_s: float) -> list[float]:
+        results = [0.0] * len(items)  # anything that never reports back keeps 0.0
+        queue = iter(range(len(items)))
+
+        def dispatch(i: int) -> None:
+            """Give worker i the next item (pickled here, so a bad item cannot break the pipe)."""
+            worker = self._workers[i]
+            worker.task = None
+            for index in queue:
+                try:
+                    payload = pickle.dumps((index, pickle.dumps((fn, items[index]))))
+                except Exception:
+                    continue  # this item's args cannot cross a process boundary: 0.0
+                try:
+                    worker.send(payload)
+                except (OSError, EOFError):  # died while idle (killed from outside): replace, resend once
+                    worker = self._replace(i)
+                    worker.send(payload)
+                worker.task, worker.deadline = index, time.monotonic() + timeout_s
+                return
+
+        try:
+            for i in range(len(self._workers)):
+                dispatch(i)
+            self._collect(results, dispatch)
+        except BaseException:
+            # A worker still running an abandoned call would answer the *next* batch with a stale
+            # (index, value): replace every busy worker before letting the error out.
+            for i, worker in enumerate(self._workers):
+                if worker.task is not None:
+                    self._replace(i)
+            raise
+        return results
+
+    def _collect(self, results: list[float], dispatch) -> None:
+        """Wait for replies and deadlines until every worker is idle, refilling each freed worker."""
+        while busy := [w for w in self._workers if w.task is not None]:
+            next_deadline = min(w.deadline for w in busy)
+            ready = wait([w.conn for w in busy], timeout=max(0.0, next_deadline - time.monotonic()))
+            for i, worker in enumerate(self._workers):
+                if worker.task is None:
+                    continue
+                if worker.conn in ready:
+                    try:
+                        index, value, load_error = worker.conn.recv()
+                    except (EOFError, OSError):  # died mid-call (os._exit, OOM kill, segfault)
+                        self._replace(i)
+                    else:
+                        worker.task = None
+                        if load_error is not None:
+                            raise RuntimeError(
+                                f"a verifier worker could not unpickle the fn or item {index} ({load_error});"
+                                " fn must be importable by module path in a fresh interpreter")
+                        results[index] = value
+                elif time.monotonic() >= worker.deadline:
+                    self._replace(i)  # hung past its deadline
+                else:
+                    continue
+                dispatch(i)
+
+    def _replace(self, i: int) -> _Worker:
+        self._workers[i].kill()
+        self._workers[i] = _Worker()
+        return self._workers[i]
+
+    def close(self) -> None:
+        """Stop all workers (politely, then by force). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for w in self._workers:
+            try:
+                w.conn.send_bytes(_STOP)
+            except OSError:
+                pass
+        for w in self._workers:
+            w.proc.join(timeout=1.0)
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join()
+            w.conn.close()
+        self._workers = []
+
+    def __enter__(self) -> VerifierPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _call_inline(fn, args: tuple) -> float:
+    try:
+        return float(fn(*args))
+    except Exception:
+        return 0.0

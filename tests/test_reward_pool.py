@@ -1,0 +1,123 @@
+"""VerifierPool: order, timeouts that kill and replace workers, raising and crashing calls -> 0.0.
+
+Stdlib callables stand in for most verifiers (time.sleep hangs, math.sqrt(-1) raises, os._exit crashes).
+One pool serves the whole file because spawning workers costs an interpreter start each.
+"""
+
+import math
+import operator
+import os
+import sys
+import time
+import types
+
+import pytest
+
+from nemocascade.rewards import math as math_reward
+from nemocascade.rewards.pool import VerifierPool
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with VerifierPool(num_workers=2, timeout_s=1.0) as p:
+        yield p
+
+
+def sleep_then(seconds: float, value: float) -> float:
+    """A verifier that takes ``seconds`` and answers ``value`` (workers import it from this module)."""
+    time.sleep(seconds)
+    return value
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_results_follow_item_order(pool):
+    items = [(i, 0.5) for i in range(25)]
+    assert pool.score(operator.add, items) == [i + 0.5 for i in range(25)]
+    assert pool.score(operator.add, []) == []
+
+
+def test_hung_call_times_out_and_worker_is_replaced(pool):
+    before = pool.worker_pids
+    # Both workers hang: both are killed (and reaped) and two fresh ones take their place.
+    out = pool.score(time.sleep, [(3600,), (3600,)], timeout_s=0.3)
+    assert out == [0.0, 0.0]
+    after = pool.worker_pids
+    assert len(after) == 2 and not set(before) & set(after)
+    assert not any(_alive(pid) for pid in before)  # killed and reaped, not left running
+    assert pool.score(operator.mul, [(2, 3), (4, 5), (6, 7)]) == [6.0, 20.0, 42.0]
+
+
+def test_hang_in_the_middle_of_a_batch(pool):
+    # The limit is loose because a replacement worker first imports this test module (and pytest).
+    items = [(0, 1.0), (3600, 2.0), (0, 3.0), (0, 4.0), (0, 5.0)]
+    assert pool.score(sleep_then, items, timeout_s=2.0) == [1.0, 0.0, 3.0, 4.0, 5.0]
+    assert pool.score(sleep_then, [(0, 7.0), (0, 8.0)]) == [7.0, 8.0]
+
+
+def test_raising_and_non_numeric_calls_score_zero(pool):
+    assert pool.score(math.sqrt, [(4,), (-1,), (9,)]) == [2.0, 0.0, 3.0]
+    assert pool.score(operator.truediv, [(1, 0), (3, 2)]) == [0.0, 1.5]
+    assert pool.score(str, [("x",), ("2.5",)]) == [0.0, 2.5]  # float("x") fails
+    assert pool.score(time.sleep, [(0,)]) == [0.0]  # returns None: float(None) fails
+
+
+def test_crashing_call_scores_zero_and_worker_is_replaced(pool):
+    before = pool.worker_pids
+    assert pool.score(os._exit, [(3,)]) == [0.0]
+    assert len(set(before) - set(pool.worker_pids)) == 1
+    assert pool.score(operator.sub, [(5, 1), (7, 2)]) == [4.0, 5.0]
+
+
+def test_math_reward_through_pool(pool):
+    items = [(r"\boxed{\sqrt{12}}", r"2\sqrt{3}"), (r"\boxed{71}", "17"), (r"<think>\boxed{3}", "3"),
+             (r"</think>\boxed{\dfrac34}", "0.75")]
+    assert pool.score(math_reward.score, items) == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_bad_fn_and_items_are_reported(pool):
+    with pytest.raises(TypeError, match="picklable"):
+        pool.score(lambda x: x, [(1,)])
+    with pytest.raises(TypeError, match=r"items\[1\]"):
+        pool.score(abs, [(1,), 2])
+    # An item whose args cannot be pickled scores 0.0; the others still run.
+    assert pool.score(len, [("ab",), (lambda: 0,), ("abc",)]) == [2.0, 0.0, 3.0]
+
+
+def test_fn_that_workers_cannot_import_raises_and_pool_survives(pool):
+    # Pickles here (the module is in this process's sys.modules), fails to load in a fresh worker:
+    # a setup error that would otherwise silently score every rollout 0.
+    ghost = types.ModuleType("ghost_verifiers")
+    exec("def always_one(*args):\n    return 1.0", ghost.__dict__)
+    sys.modules["ghost_verifiers"] = ghost
+    try:
+        with pytest.raises(RuntimeError, match="ghost_verifiers"):
+            pool.score(ghost.always_one, [(1,), (2,), (3,)])
+    finally:
+        del sys.modules["ghost_verifiers"]
+    assert pool.score(operator.add, [(1, 1), (2, 2), (3, 3)]) == [2.0, 4.0, 6.0]
+
+
+def test_inline_mode_never_raises():
+    with VerifierPool(num_workers=0) as inline:
+        assert inline.worker_pids == []
+        assert inline.score(math.sqrt, [(16,), (-1,)]) == [4.0, 0.0]
+        assert inline.score(lambda s: len(s), [("abcd",)]) == [4.0]  # no pickling inline
+
+
+def test_invalid_construction_and_use_after_close():
+    with pytest.raises(ValueError, match="num_workers"):
+        VerifierPool(num_workers=-1)
+    with pytest.raises(ValueError, match="timeout_s"):
+        VerifierPool(num_workers=0, timeout_s=0)
+    p = VerifierPool(num_workers=0)
+    p.close()
+    p.close()  # idempotent
+    with pytest.raises(RuntimeError, match="after close"):
+        p.score(abs, [(1,)])
