@@ -1,0 +1,138 @@
+"""Domain registry: every example carries its domain, and the domain picks its generator.
+
+A *domain* (``math``, later ``if``, ``code``, ...) is registered once as a :class:`DomainSpec`
+in :data:`DOMAINS`. Everything downstream (data building, rewards, teachers, metrics) looks
+the domain up by the ``"domain"`` field of the example -- a dict lookup, never an if/elif chain
+on strings (STYLE.md).
+
+Record contract (every example of every domain) -- a flat dict of ``str``::
+
+    {"domain":    "math",                        # registry key
+     "prompt":    "What is 23+48?",              # user turn text
+     "reasoning": "3+8=11, write 1 carry 1; ...", # teacher's worked steps (the think block)
+     "response":  "The answer is \\boxed{71}.",  # final text after </think>
+     "answer":    "71",                          # ground truth for the verifier
+     "id":        "math/train/0/add/+:23:48"}    # stable, unique within a build
+
+Structured ground truth (e.g. unit tests for ``code``) goes into ``answer`` as a JSON string, so
+that every domain shares one on-disk schema (see ``tfds_builder.py``).
+
+Held-out split: every domain's ``generate`` takes ``split="train" | "test" | None`` and keeps
+only problems whose *canonical problem key* lands in that split under :func:`split_of`. The
+split is decided by a hash of the problem itself, not the record id, so the same problem can
+never appear in both train and test, whatever its surface wording.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import Any, Callable
+
+import numpy as np
+
+RECORD_KEYS = ("domain", "prompt", "reasoning", "response", "answer", "id")
+SPLITS = ("train", "test")
+# Stable per-split stream index for `split_rng`; never reorder (it would change every dataset).
+_SPLIT_STREAM = {"train": 0, "test": 1}
+
+
+@dataclasses.dataclass(frozen=True)
+class DomainSpec:
+    """One domain's data contract.
+
+    Attributes:
+        name: registry key; equals the ``"domain"`` field of every record it generates.
+        generate: ``generate(rng: np.random.Generator, n: int, *, split="train", **opts)
+            -> list[dict]`` returning ``n`` records (see module docstring), deterministic given
+            ``rng`` and ``opts``; ``split`` is ``"train"``, ``"test"`` or ``None`` (no filtering).
+        version: bump whenever ``generate`` changes its output for the same inputs, so that
+            cached builds (``tfds_builder.prepare``) are not silently reused.
+        description: one line for humans.
+    """
+
+    name: str
+    generate: Callable[..., list[dict[str, str]]]
+    version: str = "1"
+    description: str = ""
+
+
+DOMAINS: dict[str, DomainSpec] = {}
+
+
+def register_domain(spec: DomainSpec, *, overwrite: bool = False) -> DomainSpec:
+    """Adds ``spec`` to :data:`DOMAINS` under ``spec.name`` and returns it.
+
+    Raises ``ValueError`` if the name is taken (pass ``overwrite=True`` to replace it, e.g. in
+    a notebook that re-runs a cell).
+    """
+    if not isinstance(spec, DomainSpec):
+        raise TypeError(f"register_domain expects a DomainSpec, got {type(spec).__name__}")
+    if spec.name in DOMAINS and not overwrite:
+        raise ValueError(f"domain {spec.name!r} is already registered; pass overwrite=True")
+    DOMAINS[spec.name] = spec
+    return spec
+
+
+def get_domain(name: str) -> DomainSpec:
+    """Returns the registered spec; ``KeyError`` listing the known domains otherwise."""
+    try:
+        return DOMAINS[name]
+    except KeyError:
+        raise KeyError(f"unknown domain {name!r}; known domains: {sorted(DOMAINS)}") from None
+
+
+def split_of(key: str, test_every: int = 10) -> str:
+    """Split of a canonical problem key: ``"test"`` iff ``blake2b(key) % test_every == 0``.
+
+    A cryptographic hash (not Python's salted ``hash``) so the assignment is the same in every
+    process and on every machine. About ``1/test_every`` of all problems are held out.
+    """
+    if test_every < 2:
+        raise ValueError(f"test_every must be >= 2, got {test_every}")
+    digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
+    return "test" if int.from_bytes(digest, "big") % test_every == 0 else "train"
+
+
+def split_rng(seed: int, split: str) -> np.random.Generator:
+    """Independent, reproducible random stream for (seed, split)."""
+    if split not in _SPLIT_STREAM:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    return np.random.default_rng(np.random.SeedSequence([seed, _SPLIT_STREAM[split]]))
+
+
+def validate_record(record: Any, index: int = 0) -> dict[str, str]:
+    """Checks the record contract; ``ValueError`` names the row and the bad key."""
+    if not isinstance(record, dict):
+        raise ValueError(f"row {index}: record must be a dict, got {type(record).__name__}")
+    keys = set(record)
+    if keys != set(RECORD_KEYS):
+        raise ValueError(
+                f"row {index}: record keys must be {list(RECORD_KEYS)}; missing "
+                f"{sorted(set(RECORD_KEYS) - keys)}, unexpected {sorted(keys - set(RECORD_KEYS))}")
+    for key in RECORD_KEYS:
+        if not isinstance(record[key], str):
+            raise ValueError(
+                    f"row {index}: field {key!r} must be str, got {type(record[key]).__name__}")
+    return record
+
+
+def generate_split(domain: str, split: str, n: int, seed: int, **opts) -> list[dict[str, str]]:
+    """``n`` validated records of ``domain`` for ``split``, from the stream ``split_rng(seed, split)``.
+
+    This is exactly what ``tfds_builder.prepare`` writes to disk, so in-memory and on-disk
+    datasets agree record for record.
+    """
+    spec = get_domain(domain)
+    records = spec.generate(split_rng(seed, split), n, split=split, **opts)
+    if len(records) != n:
+        raise ValueError(f"domain {domain!r} generated {len(records)} records, expected {n}")
+    ids = set()
+    for i, record in enumerate(records):
+        validate_record(record, i)
+        if record["domain"] != domain:
+            raise ValueError(f"row {i}: field 'domain' is {record['domain']!r}, expected {domain!r}")
+        if record["id"] in ids:
+            raise ValueError(f"row {i}: duplicate id {record['id']!r}")
+        ids.add(record["id"])
+    return records
