@@ -1,0 +1,134 @@
+"""The cascade driver: a run is a list of stage configs executed in order (METHOD.md "Stage order").
+
+    setup(cfg, workdir) -> RunContext      mesh, data (tfds array_record), tokenizer, model config, logs
+    run(cfg, workdir)                      for each stage: train (or skip if done), save its final
+                                           params, evaluate *every* domain, write summary.json + plots
+
+Adding a stage kind = one module in `nemocascade/stages/` + one entry in `STAGE_KINDS`.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+
+from nemocascade import chat, checkpoint, evaluation, plots
+from nemocascade.data import tfds_builder
+from nemocascade.mesh import make_mesh
+from nemocascade.models import ModelConfig, count_params, init_sharded, param_shapes, param_shardings
+from nemocascade.rewards.pool import VerifierPool
+from nemocascade.run_log import RunLog
+from nemocascade.stages import common, sft
+from nemocascade.tokenizer import load_or_train
+
+STAGE_KINDS = {"sft": sft.run}
+CURVE_KEYS = ("loss", "reward", "eval/math/pass@1")
+
+
+def validate(cfg) -> None:
+    """Fail fast, naming the bad key, before any expensive work."""
+    for name, stage in cfg.stages.items():
+        if stage.kind not in STAGE_KINDS:
+            raise ValueError(f"config.stages.{name}.kind={stage.kind!r} unknown; known kinds: {sorted(STAGE_KINDS)}")
+        if stage.steps < 0:
+            raise ValueError(f"config.stages.{name}.steps must be >= 0, got {stage.steps}")
+        for d in stage.domains:
+            if d not in cfg.data.domains:
+                raise ValueError(f"config.stages.{name}.domains names {d!r}, not in config.data.domains "
+                                 f"({sorted(cfg.data.domains)})")
+    for key in ("batch_size", "max_prompt_len", "max_new_tokens"):
+        if cfg.eval[key] <= 0:
+            raise ValueError(f"config.eval.{key} must be > 0, got {cfg.eval[key]}")
+
+
+def _corpus(sources, n):
+    """Texts the tokenizer is trained on: rendered prompts and completions of the train splits."""
+    def texts():
+        for per_split in sources.values():
+            src = per_split["train"]
+            for i in range(min(n, len(src))):
+                r = src[i]
+                yield chat.render_prompt(r["prompt"]) + chat.render_completion(r["reasoning"], r["response"])
+    return texts
+
+
+def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.RunContext:
+    validate(cfg)
+    os.makedirs(workdir, exist_ok=True)
+    mesh = make_mesh(dict(cfg.mesh))
+    data_dir = cfg.data.data_dir or os.path.join(workdir, "data")
+    sources = {d: tfds_builder.prepare(d, data_dir, dc.num_train, dc.num_test, cfg.seed, **dc.opts.to_dict())
+               for d, dc in cfg.data.domains.items()}
+    tok_path = cfg.tokenizer.path or os.path.join(workdir, "tokenizer.model")
+    tokenizer = load_or_train(tok_path, _corpus(sources, cfg.tokenizer.corpus_size), cfg.tokenizer.vocab_size)
+    model_cfg = ModelConfig.from_dict({**cfg.model.to_dict(), "vocab_size": tokenizer.vocab_size})
+    log = RunLog(workdir, config_name, variant, cfg.seed, cfg.to_dict())
+    pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
+    return common.RunContext(cfg, workdir, mesh, model_cfg, tokenizer, sources, log,
+                             param_shardings(model_cfg, mesh), pool)
+
+
+def evaluate_all(ctx: common.RunContext, params) -> dict:
+    """Held-out score of every domain of the run (C1's per-stage table), not only the stage's own."""
+    out = {}
+    for i, domain in enumerate(ctx.cfg.data.domains):
+        records = ctx.test_records(domain, ctx.cfg.eval.n or None)
+        out[domain] = evaluation.evaluate_domain(params, ctx.model_cfg, ctx.tokenizer, records, domain, ctx.pool,
+                                                 rng=jax.random.key(i), **common.eval_settings(ctx))
+    return out
+
+
+def _final_path(ctx, name):
+    return os.path.join(ctx.workdir, "checkpoints", "final", name)
+
+
+def run(cfg, workdir: str, config_name: str, variant: str | None = None) -> dict:
+    """Run (or resume) the whole cascade; returns the summary dict (also in workdir/summary.json)."""
+    t_start = time.time()
+    ctx = setup(cfg, workdir, config_name, variant)
+    try:
+        params = init_sharded(ctx.model_cfg, ctx.mesh, jax.random.key(cfg.seed))
+        print(f"model: {count_params(params) / 1e6:.2f}M params, vocab {ctx.model_cfg.vocab_size}, "
+              f"devices {ctx.mesh.shape}", flush=True)
+        abstract = checkpoint.abstract_like(_param_structs(ctx.model_cfg), ctx.param_shardings)
+        for name, stage in cfg.stages.items():
+            if ctx.log.stage_done(name):
+                params = checkpoint.load_params(_final_path(ctx, name), abstract)
+                print(f"[{name}] already done: loaded its final params", flush=True)
+                continue
+            t0 = time.time()
+            params = STAGE_KINDS[stage.kind](ctx, name, stage, params)
+            checkpoint.save_params(_final_path(ctx, name), params)
+            train_s = time.time() - t0
+            scores = evaluate_all(ctx, params)
+            ctx.log.end_stage(name, stage.kind, list(stage.domains), int(stage.steps), time.time() - t0, scores,
+                              train_wall_s=train_s)
+            _report(ctx, name, scores)
+        ctx.log.finish(time.time() - t_start)
+        return ctx.log.summary
+    finally:
+        ctx.pool.close()
+        ctx.log.close()
+
+
+def _param_structs(model_cfg: ModelConfig):
+    dtype = jnp.dtype(model_cfg.param_dtype)
+    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), param_shapes(model_cfg),
+                        is_leaf=lambda x: isinstance(x, tuple))
+
+
+def _report(ctx, name, scores):
+    plot_dir = os.path.join(ctx.workdir, "plots")
+    metrics = os.path.join(ctx.workdir, "metrics.jsonl")
+    rows = [r for r in open(metrics)] if os.path.exists(metrics) else []
+    keys = [k for k in CURVE_KEYS if any(f'"{k}"' in r for r in rows)]
+    if keys:
+        plots.plot_metric_curves(metrics, os.path.join(plot_dir, "curves.png"), keys, smooth=5)
+    plots.plot_eval_by_stage(ctx.log.summary, os.path.join(plot_dir, "eval_by_stage.png"))
+    table = plots.eval_table_markdown(ctx.log.summary)
+    with open(os.path.join(ctx.workdir, "eval_table.md"), "w") as f:
+        f.write(table + "\n")
+    print(f"[{name}] held-out: " + ", ".join(f"{d} {s['pass@1']:.3f} (n={s['n']})" for d, s in scores.items()),
+          flush=True)

@@ -1,0 +1,42 @@
+"""Find and load experiment configs: `NAME[:VARIANT]` (a file in experiments/configs/) or `PATH[:VARIANT]`.
+
+Configs follow big_vision: `get_config(arg)` returns an `ml_collections.ConfigDict`; the text after the
+colon is `arg`. Used by `experiments/run.py`, tests and notebooks alike.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "configs")
+
+
+def known_configs() -> list[str]:
+    return sorted(f[:-3] for f in os.listdir(CONFIG_DIR) if f.endswith(".py") and not f.startswith("_"))
+
+
+def resolve(spec: str) -> tuple[str, str | None]:
+    """`NAME[:VARIANT]` or `PATH[:VARIANT]` -> (path to the config file, variant or None)."""
+    name, _, variant = spec.partition(":")
+    path = name if (name.endswith(".py") or os.sep in name) else os.path.join(CONFIG_DIR, name + ".py")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no config {name!r} (looked for {path}); known: {known_configs()}")
+    return path, (variant or None)
+
+
+def load(spec: str, **overrides):
+    """The ConfigDict of `spec`, with dotted-key `overrides` applied (`{"stages.sft.steps": 5}`)."""
+    path, variant = resolve(spec)
+    module_spec = importlib.util.spec_from_file_location(f"nemocascade_config_{os.path.basename(path)[:-3]}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    cfg = module.get_config(variant)
+    for key, value in overrides.items():
+        node = cfg
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node[p]
+        if leaf not in node:
+            raise KeyError(f"config has no key {key!r}")
+        node[leaf] = value
+    return cfg

@@ -1,0 +1,55 @@
+"""SFT stage: masked next-token cross-entropy on assistant tokens, one jitted step with donated state.
+
+    step(state, batch) -> (state, metrics)
+        loss = sum_t m_t * -log p(x_t | x_<t) / sum_t m_t      (losses.token_cross_entropy)
+        m_t = 1 on completion tokens (reasoning, </think>, answer, <|im_end|>); prompt and pad are 0.
+"""
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import optax
+
+from nemocascade import losses, train_state
+from nemocascade.data import pipeline
+from nemocascade.models import forward
+from nemocascade.stages import common
+
+DEFAULTS = dict(seq_len=160, batch_size=32)
+
+
+def sft_step(state: train_state.TrainState, batch, *, model_cfg, tx):
+    def loss_fn(params):
+        tokens = batch["tokens"]
+        logits = forward(params, model_cfg, tokens[:, :-1])
+        return losses.token_cross_entropy(logits, tokens[:, 1:], batch["loss_mask"][:, 1:])
+
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+
+
+def run(run_ctx: common.RunContext, name: str, stage, params):
+    """Train `stage.steps` SFT steps from `params`; resumes from this stage's latest checkpoint."""
+    tx, schedule = common.optimizer(stage)
+    source = common.mixture_source(run_ctx, stage.domains, "train")
+    ds = pipeline.sft_dataset(source, run_ctx.tokenizer, stage.seq_len, stage.batch_size,
+                              seed=run_ctx.cfg.seed + common.stage_index(run_ctx, name))
+    step_fn = functools.partial(sft_step, model_cfg=run_ctx.model_cfg, tx=tx)
+    trainer = common.Trainer(run_ctx, name, stage, params, tx, step_fn, data_iter=iter(ds))
+    tokens_per_step = stage.batch_size * (stage.seq_len - 1)
+
+    with trainer:
+        for step in trainer.steps():
+            t0 = time.perf_counter()
+            metrics = trainer.update(trainer.put(next(trainer.data_iter)))
+            metrics["lr"] = float(schedule(step))
+            metrics["tokens_per_s"] = tokens_per_step / (time.perf_counter() - t0)
+            if stage.eval_every and (step + 1) % stage.eval_every == 0:
+                metrics |= common.quick_eval(run_ctx, trainer.state.params, stage)
+            trainer.log(step, metrics)
+        return trainer.finish()
