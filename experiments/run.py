@@ -32,11 +32,20 @@ def resolve_config_arg(argv: list[str]) -> list[str]:
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiments/configs/NAME.py[:VARIANT]", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default runs/NAME[_VARIANT])")
+_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "multi-host: call jax.distributed.initialize() first "
+                                 "(coordinator/process ids from the environment: TPU VM, SLURM, or "
+                                 "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID)")
 
 
 def main(argv):
     del argv
     logging.set_verbosity(logging.WARNING)  # orbax/absl INFO lines drown the progress output
+    if _DISTRIBUTED.value:
+        import jax
+        env = os.environ  # TPU VMs and SLURM are detected by JAX; plain env vars are passed here
+        kw = ({"coordinator_address": env["JAX_COORDINATOR_ADDRESS"], "num_processes": int(env["JAX_NUM_PROCESSES"]),
+               "process_id": int(env["JAX_PROCESS_ID"])} if "JAX_NUM_PROCESSES" in env else {})
+        jax.distributed.initialize(**kw)  # before any other JAX call: every host then sees the global mesh
     from nemocascade import cascade  # after flag parsing: keeps --help fast
 
     cfg = _CONFIG.value

@@ -20,10 +20,10 @@ from nemocascade.mesh import make_mesh
 from nemocascade.models import ModelConfig, count_params, init_sharded, param_shapes, param_shardings
 from nemocascade.rewards.pool import VerifierPool
 from nemocascade.run_log import RunLog
-from nemocascade.stages import common, sft
+from nemocascade.stages import common, grpo, sft
 from nemocascade.tokenizer import load_or_train
 
-STAGE_KINDS = {"sft": sft.run}
+STAGE_KINDS = {"sft": sft.run, "grpo": grpo.run}
 CURVE_KEYS = ("loss", "reward", "eval/math/pass@1")
 
 
@@ -75,7 +75,7 @@ def evaluate_all(ctx: common.RunContext, params) -> dict:
     out = {}
     for i, domain in enumerate(ctx.cfg.data.domains):
         records = ctx.test_records(domain, ctx.cfg.eval.n or None)
-        out[domain] = evaluation.evaluate_domain(params, ctx.model_cfg, ctx.tokenizer, records, domain, ctx.pool,
+        out[domain] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,
                                                  rng=jax.random.key(i), **common.eval_settings(ctx))
     return out
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
+import ml_collections
+
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments", "configs")
 
 
@@ -40,3 +42,36 @@ def load(spec: str, **overrides):
             raise KeyError(f"config has no key {key!r}")
         node[leaf] = value
     return cfg
+
+
+# ---------------------------------------------------------------------------------------------------
+# Shared pieces of the math experiments (sft_math, cascade_math), as big_vision's configs/common.py
+
+
+def math_base(name: str) -> ml_collections.ConfigDict:
+    """The pieces every math experiment shares (model, tokenizer, data, eval); stages are added on top."""
+    c = ml_collections.ConfigDict()
+    c.name = name
+    c.seed = 0
+    c.thinking = True
+    c.mesh = dict(data=1, fsdp=-1, tensor=1)
+    # vocab_size comes from the trained tokenizer
+    c.model = dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=384,
+                   rope_theta=10_000.0, qk_norm=False, qkv_bias=False, tie_embeddings=True,
+                   dtype="float32", param_dtype="float32", remat=False)
+    c.tokenizer = dict(path="", vocab_size=384, corpus_size=5000)
+    c.data = ml_collections.ConfigDict()
+    c.data.data_dir = ""
+    c.data.domains = ml_collections.ConfigDict()
+    c.data.domains.math = dict(num_train=20_000, num_test=500, opts=dict(teacher_error_rate=0.0))
+    c.eval = dict(n=500, batch_size=128, max_prompt_len=64, max_new_tokens=112)
+    c.reward = dict(num_workers=2, timeout_s=5.0)
+    c.stages = ml_collections.ConfigDict()
+    return c
+
+
+def math_tiny(c: ml_collections.ConfigDict) -> None:
+    """The `tiny` variant: whole run in about two minutes on two CPU cores (tests, notebooks)."""
+    c.model.update(d_model=64, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=32, d_ff=192)
+    c.data.domains.math.update(num_train=2000, num_test=64)
+    c.eval.update(n=64, batch_size=64)

@@ -3,41 +3,61 @@ domain's reward in the verifier pool, report pass@1 (mean reward) and n."""
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from nemocascade import chat, sampling
+from nemocascade import mesh as mesh_lib
 from nemocascade.data import pipeline
 from nemocascade.rewards import get_reward
 
 
 def generate(params, model_cfg, tokenizer, records, *, batch_size, max_prompt_len, max_new_tokens,
-             rng, thinking=True, greedy=True, temperature=1.0, top_p=1.0, num_samples=1):
+             rng, thinking=True, greedy=True, temperature=1.0, top_p=1.0, num_samples=1, mesh=None):
     """Completions (decoded text, think-prefix included in thinking mode) for `records`, in order,
     `num_samples` per record (adjacent). Batches are padded to `batch_size` so one compiled sampler
     serves every batch."""
-    texts, prefix = [], (chat.THINK_OPEN + "\n") if thinking else ""
+    texts = []
     for start in range(0, len(records), batch_size):
         chunk = records[start:start + batch_size]
         prompts = [r["prompt"] for r in chunk]
         prompts += [prompts[-1]] * (batch_size - len(chunk))
         toks, lens = pipeline.encode_prompts(tokenizer, prompts, max_prompt_len, thinking=thinking)
-        out = sampling.sample(params, model_cfg, jnp.asarray(toks), jnp.asarray(lens),
+        toks, lens = mesh_lib.shard_batch(mesh, (toks, lens)) if mesh is not None else (toks, lens)
+        out = sampling.sample(params, model_cfg, toks, lens,
                               jax.random.fold_in(rng, start), max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id,
                               pad_id=tokenizer.pad_id, temperature=temperature, top_p=top_p,
                               greedy=greedy, num_samples=num_samples)
-        tokens, mask = np.asarray(out.tokens), np.asarray(out.mask)
-        for row in range(len(chunk) * num_samples):
-            texts.append(prefix + tokenizer.decode(tokens[row][mask[row] > 0].tolist()))
+        n = len(chunk) * num_samples
+        tokens, mask = mesh_lib.to_host((out.tokens, out.mask))
+        texts += decode_responses(tokenizer, tokens[:n], mask[:n], thinking)
     return texts
 
 
-def evaluate_domain(params, model_cfg, tokenizer, records, domain, pool, *, batch_size, max_prompt_len,
-                    max_new_tokens, rng, thinking=True):
-    """Greedy pass@1 on `records` (dicts with prompt/answer). Returns {"pass@1", "n", "mean_len"}."""
+def decode_responses(tokenizer, tokens, mask, thinking: bool) -> list[str]:
+    """Response texts; in thinking mode the `<think>` that ended the prompt is put back in front, so
+    a verifier sees the whole assistant turn (an unfinished think block scores 0)."""
+    prefix = (chat.THINK_OPEN + "\n") if thinking else ""
+    return [prefix + tokenizer.decode(t[m > 0].tolist()) for t, m in zip(tokens, mask)]
+
+
+def score_texts(pool, texts, records) -> list[float]:
+    """Each text scored by the reward of its record's domain, in the verifier pool; order kept."""
+    scores = [0.0] * len(texts)
+    by_domain = {}
+    for i, r in enumerate(records):
+        by_domain.setdefault(r["domain"], []).append(i)
+    for domain, idx in by_domain.items():
+        for i, s in zip(idx, pool.score(get_reward(domain), [(texts[i], records[i]["answer"]) for i in idx])):
+            scores[i] = s
+    return scores
+
+
+def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_prompt_len,
+             max_new_tokens, rng, thinking=True, mesh=None):
+    """Greedy pass@1 on `records` (each scored by its own domain's reward). Returns {"pass@1", "n", "mean_len"}."""
     texts = generate(params, model_cfg, tokenizer, records, batch_size=batch_size,
                      max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens, rng=rng,
-                     thinking=thinking)
-    scores = pool.score(get_reward(domain), [(t, r["answer"]) for t, r in zip(texts, records)])
+                     thinking=thinking, mesh=mesh)
+    scores = score_texts(pool, texts, records)
     return {"pass@1": float(np.mean(scores)) if scores else 0.0, "n": len(records),
             "mean_len": float(np.mean([len(tokenizer.encode(t)) for t in texts])) if texts else 0.0}

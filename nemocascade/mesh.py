@@ -91,13 +91,23 @@ def batch_sharding(mesh: Mesh, ndim: int, batch_size: int) -> NamedSharding:
 
 
 def shard_batch(mesh: Mesh, batch):
-    """Place a host batch (pytree of numpy arrays, global on single-host, process-local on multi-host)
-    on the mesh with its leading dim split over data x fsdp."""
+    """Place a host batch (pytree of numpy arrays) on the mesh, leading dim split over data x fsdp.
+
+    Every host holds the same *global* batch (our pipelines are deterministic given the seed) and each
+    device takes its rows from it, so single- and multi-host runs see identical data."""
     def put(x):
         x = np.asarray(x)
-        sharding = batch_sharding(mesh, x.ndim, x.shape[0] * jax.process_count())
-        return jax.make_array_from_process_local_data(sharding, x)
+        sharding = batch_sharding(mesh, x.ndim, x.shape[0]) if x.ndim else replicated(mesh)
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
     return jax.tree.map(put, batch)
+
+
+def to_host(tree):
+    """Fetch (possibly multi-host sharded) arrays as numpy on every host."""
+    if jax.process_count() == 1:
+        return jax.device_get(tree)
+    from jax.experimental import multihost_utils
+    return multihost_utils.process_allgather(tree, tiled=True)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:

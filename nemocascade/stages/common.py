@@ -16,7 +16,7 @@ import jax
 import ml_collections
 
 from nemocascade import checkpoint, evaluation, optim, train_state
-from nemocascade.mesh import replicated, shard_batch
+from nemocascade.mesh import replicated, shard_batch, to_host
 from nemocascade.models import ModelConfig
 from nemocascade.run_log import RunLog, progress
 
@@ -82,8 +82,8 @@ def quick_eval(ctx: RunContext, params, stage) -> dict[str, float]:
     """Greedy pass@1 on the first `stage.eval_n` held-out examples of each of the stage's domains."""
     out = {}
     for domain in stage.domains:
-        res = evaluation.evaluate_domain(params, ctx.model_cfg, ctx.tokenizer, ctx.test_records(domain, stage.eval_n),
-                                         domain, ctx.pool, rng=jax.random.key(0), **eval_settings(ctx))
+        res = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, ctx.test_records(domain, stage.eval_n),
+                                         ctx.pool, rng=jax.random.key(0), **eval_settings(ctx))
         out[f"eval/{domain}/pass@1"] = res["pass@1"]
     return out
 
@@ -91,7 +91,7 @@ def quick_eval(ctx: RunContext, params, stage) -> dict[str, float]:
 def eval_settings(ctx: RunContext) -> dict:
     e = ctx.cfg.eval
     return dict(batch_size=e.batch_size, max_prompt_len=e.max_prompt_len, max_new_tokens=e.max_new_tokens,
-                thinking=ctx.cfg.thinking)
+                thinking=ctx.cfg.thinking, mesh=ctx.mesh)
 
 
 class Trainer:
@@ -146,7 +146,7 @@ class Trainer:
         snapshot = self._snapshot()
         self.state, metrics = self._step(self.state, batch, *args)
         self._data_state = snapshot
-        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+        return {k: float(v) for k, v in to_host(metrics).items()}
 
     def log(self, step: int, metrics: dict):
         self.ctx.log.log_step(self.name, step, metrics)

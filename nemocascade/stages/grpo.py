@@ -1,0 +1,237 @@
+"""GRPO stage exactly as Cascade RL uses it (METHOD.md "GRPO as used in every RL stage").
+
+Each step, strictly on-policy:
+  1. sample B prompts x G rollouts from the *current* params (jitted sampler, KV cache);
+  2. score every rollout with its domain's verifier (process pool, per-call timeout);
+  3. group filters: overlong (filter | penalty | none), mask_if_max_reward_below, dynamic filtering with a
+     bounded refill (never aborts: trains on what it has, padding the batch with zero-weight groups);
+  4. A_i = (r_i - mean_g r) / (std_g r + eps) per group;
+  5. exactly one optimiser update on the objective  sum_k w_k * term_k  (config `objective`):
+        pg       -sum_{i,t} m A_i log pi(y_it) / normaliser   (token-mean over the *global* batch)
+        kl       sum m * KL_k{1,2,3}(pi || pi_ref) / normaliser  (frozen reference = the stage's start)
+        entropy  -sum m * H(pi) / normaliser                     (a bonus; 0 in Cascade RL)
+     The importance ratio is 1 (one update per batch), so the PPO ratio/clip collapses to log pi.
+     Micro-batches share the global normaliser, so their summed gradient equals the full batch's.
+
+Left out on purpose: PPO epochs / clipping (ratio is always 1), value functions, reward models (the RLHF
+stage adds one), asynchronous rollouts.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from collections import defaultdict
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from nemocascade import evaluation, losses, sampling
+from nemocascade.data import pipeline
+from nemocascade.mesh import shard_batch, to_host
+from nemocascade.models import forward
+from nemocascade.rl import filters
+from nemocascade.stages import common
+
+DEFAULTS = dict(
+    prompts_per_step=16, group_size=8, micro_batches=1,
+    length_curriculum=((0, 96),),  # (start_step, max_new_tokens) sub-stages, C1 math RL style
+    temperature=1.0, top_p=1.0, top_k=0,
+    objective=dict(pg=1.0, kl=0.0, entropy=0.0), kl_estimator="k3", aggregation="token_mean",
+    adv_eps=1e-6,
+    dynamic_filter=False, refill_rounds=3, overlong="none", mask_if_max_reward_below=-1.0,
+    epoch_filter=False, readmit_hard=0.1, readmit_easy=0.01,
+)
+TERMS = ("pg", "kl", "entropy")
+
+
+def max_new_tokens_at(stage, step: int) -> int:
+    return max((s, n) for s, n in stage.length_curriculum if s <= step)[1]
+
+
+def grpo_step(state, batch, ref_params, *, model_cfg, tx, stage):
+    """One optimiser update. batch: tokens/valid/positions [N, L]; mask, sampler_logp [N, L-1]
+    (aligned with next-token targets); advantages [N]; has_data scalar (0 -> no-op update)."""
+    w = stage.objective
+    mb = stage.micro_batches
+    normalizer = losses.loss_normalizer(batch["mask"], stage.aggregation)
+
+    def loss_fn(params, b):
+        logits = forward(params, model_cfg, b["tokens"][:, :-1], b["positions"][:, :-1], b["valid"][:, :-1])
+        logp = losses.token_logprobs(logits, b["tokens"][:, 1:])
+        m = b["mask"]
+        pg, _ = losses.grpo_loss(logp, b["advantages"], m, aggregation=stage.aggregation, normalizer=normalizer)
+        ent = losses.token_entropy(logits)
+        total = w.pg * pg
+        aux = {"pg_loss": pg, "entropy": jnp.sum(m * ent) / normalizer,
+               "logp_mismatch": jnp.sum(m * jnp.abs(logp - b["sampler_logp"])) / normalizer}
+        if w.entropy:
+            total -= w.entropy * aux["entropy"]
+        if w.kl:
+            ref_logits = forward(ref_params, model_cfg, b["tokens"][:, :-1], b["positions"][:, :-1],
+                                 b["valid"][:, :-1])
+            ref_logp = jax.lax.stop_gradient(losses.token_logprobs(ref_logits, b["tokens"][:, 1:]))
+            aux["kl"] = jnp.sum(m * losses.kl_penalty(logp, ref_logp, stage.kl_estimator)) / normalizer
+            total += w.kl * aux["kl"]
+        return total, aux
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    batch = dict(batch)
+    keep = batch.pop("has_data") > 0  # an all-filtered step changes nothing but the step counter
+    if mb == 1:
+        (loss, aux), grads = grad_fn(state.params, batch)
+    else:  # sum micro-batch gradients; every micro-batch divides by the global normaliser
+        split = jax.tree.map(lambda x: x.reshape(mb, x.shape[0] // mb, *x.shape[1:]), batch)
+
+        def acc(carry, b):
+            (l, a), g = grad_fn(state.params, b)
+            return jax.tree.map(jnp.add, carry, (l, a, g)), None
+
+        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(lambda: grad_fn(state.params, jax.tree.map(
+            lambda x: x[0], split))))
+        (loss, aux, grads), _ = jax.lax.scan(acc, (zeros[0][0], zeros[0][1], zeros[1]), split)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    new_params = optax.apply_updates(state.params, updates)
+    pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(keep, a, b), new, old)  # noqa: E731
+    metrics = {**aux, "loss": loss, "grad_norm": optax.global_norm(grads)}
+    return state.replace(step=state.step + 1, params=pick(new_params, state.params),
+                         opt_state=pick(opt_state, state.opt_state)), metrics
+
+
+class RolloutSource:
+    """Draws prompts (skipping ones the C1 epoch filter dropped), samples G rollouts each, scores them."""
+
+    def __init__(self, ctx, stage, data_iter, epoch_len: int):
+        self.ctx, self.stage, self.data_iter, self.epoch_len = ctx, stage, data_iter, epoch_len
+        self.epoch_filter = (filters.EpochFilter(stage.readmit_hard, stage.readmit_easy, ctx.cfg.seed)
+                             if stage.epoch_filter else None)
+        self.drawn = 0
+        self._pending: list[dict] = []
+
+    def state_dict(self):
+        return {"drawn": self.drawn, "pending": self._pending,
+                "epoch_filter": self.epoch_filter.state_dict() if self.epoch_filter else None}
+
+    def load_state_dict(self, d):
+        self.drawn, self._pending = d["drawn"], d["pending"]
+        if self.epoch_filter and d.get("epoch_filter"):
+            self.epoch_filter.load_state_dict(d["epoch_filter"])
+
+    def prompts(self, n: int) -> list[dict]:
+        out = []
+        for _ in range(1000 * n):  # bounded even if the epoch filter dropped nearly everything
+            if len(out) == n:
+                break
+            if not self._pending:
+                self._pending = list(next(self.data_iter))
+            rec = self._pending.pop(0)
+            self.drawn += 1
+            if self.epoch_filter and self.drawn % self.epoch_len == 0:
+                self.epoch_filter.end_epoch()
+            if self.epoch_filter is None or self.epoch_filter.keep(rec["id"]):
+                out.append(rec)
+        return out
+
+    def rollouts(self, params, records, max_new: int, rng):
+        """Sample and score G rollouts per record. Returns (groups pytree with leading dim P, timings)."""
+        ctx, stage, G = self.ctx, self.stage, self.stage.group_size
+        t0 = time.perf_counter()
+        toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in records],
+                                             ctx.cfg.eval.max_prompt_len, thinking=ctx.cfg.thinking)
+        toks, lens = shard_batch(ctx.mesh, (toks, lens))
+        samples = sampling.sample(params, ctx.model_cfg, toks, lens, rng,
+                                  max_new_tokens=max_new, eos_id=ctx.tokenizer.eos_id, pad_id=ctx.tokenizer.pad_id,
+                                  temperature=stage.temperature, top_p=stage.top_p, top_k=stage.top_k,
+                                  num_samples=G)
+        tokens, valid, positions, rmask = to_host(sampling.sequences(samples))
+        samples = to_host(samples)
+        t1 = time.perf_counter()
+        texts = evaluation.decode_responses(ctx.tokenizer, samples.tokens, samples.mask, ctx.cfg.thinking)
+        rewards = np.asarray(evaluation.score_texts(ctx.pool, texts, [r for r in records for _ in range(G)]),
+                             np.float32).reshape(len(records), G)
+        t2 = time.perf_counter()
+        P = len(records)
+        shape = lambda x: np.asarray(x).reshape(P, G, *np.shape(x)[1:])  # noqa: E731
+        sampler_logp = np.concatenate([np.zeros_like(samples.prompts[:, 1:], np.float32), samples.logprobs], 1)
+        groups = {"tokens": shape(tokens), "valid": shape(valid), "positions": shape(positions),
+                  "mask": shape(rmask), "sampler_logp": shape(sampler_logp), "rewards": rewards,
+                  "truncated": shape(samples.truncated), "lengths": shape(samples.lengths),
+                  "domain_idx": np.asarray([list(ctx.cfg.data.domains).index(r["domain"]) for r in records])}
+        if self.epoch_filter:
+            self.epoch_filter.update([r["id"] for r in records], rewards)
+        return groups, {"generate_s": t1 - t0, "score_s": t2 - t1}
+
+
+def build_batch(groups, stage, target: int):
+    """Group filters -> advantages -> flat training batch padded to `target` groups (zero weight)."""
+    rewards, loss_keep = filters.overlong(groups["rewards"], groups["truncated"], stage.overlong)
+    adv = np.asarray(losses.group_advantages(jnp.asarray(rewards), stage.adv_eps))
+    mask = groups["mask"] * loss_keep[..., None]
+    P, G = rewards.shape
+    pad = target - P
+    padded = lambda x: np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) if pad else x  # noqa: E731
+    flat = lambda x: padded(x).reshape(target * G, *x.shape[2:])  # noqa: E731
+    return {"tokens": flat(groups["tokens"]), "valid": flat(groups["valid"]), "positions": flat(groups["positions"]),
+            "mask": flat(mask.astype(np.float32)), "sampler_logp": flat(groups["sampler_logp"]),
+            "advantages": flat(adv.astype(np.float32)), "has_data": np.float32(P > 0)}
+
+
+def run(ctx: common.RunContext, name: str, stage, params):
+    for key in stage.objective:
+        if key not in TERMS:
+            raise ValueError(f"config.stages.{name}.objective.{key}: unknown term; terms: {TERMS}")
+    B, G = stage.prompts_per_step, stage.group_size
+    if (B * G) % stage.micro_batches:
+        raise ValueError(f"config.stages.{name}: prompts_per_step*group_size={B * G} is not divisible by "
+                         f"micro_batches={stage.micro_batches}")
+    tx, schedule = common.optimizer(stage)
+    source = common.mixture_source(ctx, stage.domains, "train")
+    data_iter = iter(pipeline.prompt_dataset(source, B, seed=ctx.cfg.seed + common.stage_index(ctx, name)))
+    rollouts = RolloutSource(ctx, stage, data_iter, len(source))
+    ref = jax.tree.map(jnp.copy, params) if stage.objective.kl else None
+    step_fn = functools.partial(grpo_step, model_cfg=ctx.model_cfg, tx=tx, stage=stage)
+    trainer = common.Trainer(ctx, name, stage, params, tx, step_fn, data_iter=data_iter,
+                             extra_state_fns=(rollouts.state_dict, rollouts.load_state_dict))
+    domains = list(ctx.cfg.data.domains)
+    with trainer:
+        for step in trainer.steps():
+            max_new = max_new_tokens_at(stage, step)
+            rng = jax.random.fold_in(jax.random.wrap_key_data(trainer.state.rng), step)
+            buf = filters.RefillBuffer(B, stage.refill_rounds if stage.dynamic_filter else 1)
+            timing, first, rounds = defaultdict(float), None, 0
+            while not buf.ready():  # always B prompts per round: one compiled sampler
+                groups, t = rollouts.rollouts(trainer.state.params, rollouts.prompts(B), max_new,
+                                              jax.random.fold_in(rng, rounds))
+                rounds += 1
+                for k, v in t.items():
+                    timing[k] += v
+                first = first or groups
+                keep = filters.dynamic_filter_keep(groups["rewards"]) if stage.dynamic_filter else np.ones(B, bool)
+                keep &= filters.max_reward_keep(groups["rewards"], stage.mask_if_max_reward_below)
+                buf.add(groups, keep)
+            groups, fstats = buf.take()
+            batch = build_batch(groups, stage, B)
+            t0 = time.perf_counter()
+            metrics = trainer.update(trainer.put(batch), ref)
+            timing["train_s"] = time.perf_counter() - t0
+            metrics |= rollout_metrics(first, domains) | dict(timing)
+            metrics |= {"lr": float(schedule(step)), "max_new_tokens": max_new, "kept_groups": fstats["kept"],
+                        "refill_rounds": fstats["rounds"]}
+            if stage.eval_every and (step + 1) % stage.eval_every == 0:
+                metrics |= common.quick_eval(ctx, trainer.state.params, stage)
+            trainer.log(step, metrics)
+        return trainer.finish()
+
+
+def rollout_metrics(groups, domains):
+    """Statistics of the on-policy sample (first round, before any filter), per domain."""
+    r = groups["rewards"]
+    m = {"reward": float(r.mean()), "zero_var_frac": float(1 - filters.dynamic_filter_keep(r).mean()),
+         "response_len": float(groups["lengths"].mean()), "truncation_rate": float(groups["truncated"].mean())}
+    for i, d in enumerate(domains):
+        sel = groups["domain_idx"] == i
+        if sel.any():
+            m[f"reward/{d}"] = float(r[sel].mean())
+            m[f"pass_rate/{d}"] = float((r[sel] >= 1.0).mean())
+    return m
