@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from nemocascade import chat, checkpoint, evaluation, plots
+from nemocascade.configs import stage_order
 from nemocascade.data import tfds_builder
 from nemocascade.mesh import make_mesh
 from nemocascade.models import ModelConfig, count_params, init_sharded, param_shapes, param_shardings
@@ -29,7 +30,14 @@ CURVE_KEYS = ("loss", "reward", "eval/math/pass@1")
 
 def validate(cfg) -> None:
     """Fail fast, naming the bad key, before any expensive work."""
-    for name, stage in cfg.stages.items():
+    order = stage_order(cfg)
+    for name in order:
+        if name not in cfg.stages:
+            raise ValueError(f"config.stage_order names {name!r}, not in config.stages ({sorted(cfg.stages)})")
+    if len(set(order)) != len(order):
+        raise ValueError(f"config.stage_order repeats a stage: {order}")
+    for name in order:
+        stage = cfg.stages[name]
         if stage.kind not in STAGE_KINDS:
             raise ValueError(f"config.stages.{name}.kind={stage.kind!r} unknown; known kinds: {sorted(STAGE_KINDS)}")
         if stage.steps < 0:
@@ -93,7 +101,8 @@ def run(cfg, workdir: str, config_name: str, variant: str | None = None) -> dict
         print(f"model: {count_params(params) / 1e6:.2f}M params, vocab {ctx.model_cfg.vocab_size}, "
               f"devices {ctx.mesh.shape}", flush=True)
         abstract = checkpoint.abstract_like(_param_structs(ctx.model_cfg), ctx.param_shardings)
-        for name, stage in cfg.stages.items():
+        for name in stage_order(cfg):
+            stage = cfg.stages[name]
             if ctx.log.stage_done(name):
                 params = checkpoint.load_params(_final_path(ctx, name), abstract)
                 print(f"[{name}] already done: loaded its final params", flush=True)

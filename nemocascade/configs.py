@@ -26,6 +26,13 @@ def resolve(spec: str) -> tuple[str, str | None]:
     return path, (variant or None)
 
 
+def stage_order(cfg) -> list[str]:
+    """Stage names in run order. ConfigDict iterates its keys sorted, so the order is explicit data:
+    `config.stage_order` (a tuple, or a comma-separated string from the command line)."""
+    order = cfg.stage_order
+    return [s.strip() for s in order.split(",") if s.strip()] if isinstance(order, str) else list(order)
+
+
 def load(spec: str, **overrides):
     """The ConfigDict of `spec`, with dotted-key `overrides` applied (`{"stages.sft.steps": 5}`)."""
     path, variant = resolve(spec)
@@ -66,7 +73,8 @@ def math_base(name: str) -> ml_collections.ConfigDict:
     c.data.domains.math = dict(num_train=20_000, num_test=500, opts=dict(teacher_error_rate=0.0))
     c.eval = dict(n=500, batch_size=128, max_prompt_len=64, max_new_tokens=112)
     c.reward = dict(num_workers=2, timeout_s=5.0)
-    c.stages = ml_collections.ConfigDict()
+    c.stages = ml_collections.ConfigDict()  # name -> stage config; run order is c.stage_order
+    c.stage_order = ()
     return c
 
 

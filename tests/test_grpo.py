@@ -107,3 +107,21 @@ def test_length_curriculum_sub_stages():
 def test_unknown_stage_key_is_named():
     with pytest.raises(KeyError, match="bogus"):
         _stage(bogus=1)
+
+
+def test_build_batch_cuts_all_padding_columns_in_buckets():
+    rewards = np.array([[1, 0]], np.float32)
+    g = _groups(rewards, np.zeros((1, 2), bool))
+    W = 60
+    tokens = np.arange(W, dtype=np.int32)[None, None].repeat(2, 1)
+    valid = np.zeros((1, 2, W), bool)
+    valid[0, 0, 20:41] = True  # longest prompt starts at 20, longest response ends at 40
+    valid[0, 1, 25:33] = True
+    mask = np.zeros((1, 2, W - 1), np.float32)
+    mask[0, 0, 30:40] = 1
+    g |= {"tokens": tokens, "valid": valid, "positions": tokens, "mask": mask, "sampler_logp": mask * -0.5}
+    b = grpo.build_batch(g, _stage(), target=1)
+    # lo = 16 (20 rounded down), width = 32 (41-16=25 rounded up) -> columns 16..47
+    assert b["tokens"][0].tolist() == list(range(16, 48))
+    assert b["mask"].shape == (2, 31) and b["mask"].sum() == 10
+    np.testing.assert_array_equal(b["mask"][0], mask[0, 0, 16:47])

@@ -18,14 +18,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.variant = arg
     c.data.domains.math.opts.teacher_error_rate = 0.6
     c.stages.sft = common.stage_config(
-        "sft", sft.DEFAULTS, domains=["math"], steps=800, batch_size=32, seq_len=128, checkpoint_every=100,
+        "sft", sft.DEFAULTS, domains=["math"], steps=700, batch_size=32, seq_len=128, checkpoint_every=100,
         eval_every=100, eval_n=128,
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=100, weight_decay=0.01, min_lr_frac=0.05))
     c.stages.grpo = common.stage_config(
-        "grpo", grpo.DEFAULTS, domains=["math"], steps=200, prompts_per_step=16, group_size=8,
-        length_curriculum=((0, 80), (100, 112)), checkpoint_every=25, eval_every=25, eval_n=128,
+        "grpo", grpo.DEFAULTS, domains=["math"], steps=80, prompts_per_step=16, group_size=8,
+        length_curriculum=((0, 80), (40, 112)), checkpoint_every=20, eval_every=20, eval_n=128,
         dynamic_filter=True, refill_rounds=2,
-        optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="constant", grad_clip=1.0))
+        optim=dict(lr=3e-4, b1=0.9, b2=0.95, schedule="constant", grad_clip=1.0))
+    c.stage_order = ("sft", "grpo")
     if arg == "tiny":
         math_tiny(c)
         c.stages.sft.update(steps=200, checkpoint_every=100, eval_every=100, eval_n=64)

@@ -16,6 +16,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                        seq_len=128, checkpoint_every=100, eval_every=100, eval_n=128,
                                        optim=dict(lr=3e-3, schedule="cosine", warmup_steps=100,
                                                   weight_decay=0.01, min_lr_frac=0.05))
+    c.stage_order = ("sft",)
     if arg == "tiny":
         math_tiny(c)
         c.stages.sft.update(steps=200, checkpoint_every=100, eval_every=100, eval_n=64)

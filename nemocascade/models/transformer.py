@@ -182,8 +182,9 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
 
 
 def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None):
-    """One pre-norm block. With `kv` (this layer's cached k, v), writes the new keys at slot `start`
-    and attends over all cached slots; returns (x, (k, v)) so scan can stack the updated cache."""
+    """One pre-norm block. With `kv` = (all layers' cached k, v, this layer's index), writes the new
+    keys/values at slot `start` and attends over all cached slots; returns (x, (k_cache, v_cache)).
+    The cache is updated in place (a loop-carried dynamic_update_slice), never copied per step."""
     dt = jnp.dtype(cfg.dtype)
     w = lambda name: p[name].astype(dt)  # noqa: E731  (cast params to the compute dtype)
     h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
@@ -198,9 +199,10 @@ def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None):
     q = rope(q, positions, cfg.rope_theta)
     k = rope(k, positions, cfg.rope_theta)
     if kv is not None:
-        k_all = jax.lax.dynamic_update_slice_in_dim(kv[0], k.astype(kv[0].dtype), start, axis=1)
-        v_all = jax.lax.dynamic_update_slice_in_dim(kv[1], v.astype(kv[1].dtype), start, axis=1)
-        k, v, kv = k_all, v_all, (k_all, v_all)
+        ck, cv, layer = kv
+        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, start, 0, 0))
+        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, start, 0, 0))
+        k, v, kv = ck[layer], cv[layer], (ck, cv)
     x = x + jnp.einsum("bthk,hkd->btd", attention(q, k, v, mask), w("wo"))
     h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
     gate = jnp.einsum("btd,df->btf", h, w("w_gate"))
@@ -232,21 +234,22 @@ def forward(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None
     if cache is None:
         causal = jnp.tril(jnp.ones((T, T), bool))
         mask = causal[None] & valid[:, None, :]
-        kvs = None
     else:
         kv_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, start, axis=1)
         slots = jnp.arange(cache.valid.shape[1])
         query_slots = start + jnp.arange(T)
         mask = (slots[None, :] <= query_slots[:, None])[None] & kv_valid[:, None, :]
-        kvs = (cache.k, cache.v)
 
-    def body(x, xs):
-        p, kv = xs
-        return _layer(cfg, x, p, positions, mask, kv, start)
+    def body(carry, xs):
+        x, kv = carry
+        p, layer = xs
+        x, kv = _layer(cfg, x, p, positions, mask, None if kv is None else (*kv, layer), start)
+        return (x, kv), None
 
     if cfg.remat:
         body = jax.checkpoint(body, prevent_cse=False)
-    x, new_kvs = jax.lax.scan(body, x, (params["layers"], kvs))
+    kv0 = None if cache is None else (cache.k, cache.v)
+    (x, new_kvs), _ = jax.lax.scan(body, (x, kv0), (params["layers"], jnp.arange(cfg.n_layers)))
     h = rms_norm(x, params["final_norm"], cfg.norm_eps)
     head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     logits = jnp.einsum("btd,dv->btv", h, head.astype(dt), preferred_element_type=jnp.float32)

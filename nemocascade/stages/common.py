@@ -16,6 +16,7 @@ import jax
 import ml_collections
 
 from nemocascade import checkpoint, evaluation, optim, train_state
+from nemocascade.configs import stage_order
 from nemocascade.mesh import replicated, shard_batch, to_host
 from nemocascade.models import ModelConfig
 from nemocascade.run_log import RunLog, progress
@@ -60,7 +61,8 @@ def stage_config(kind: str, kind_defaults: dict, **overrides) -> ml_collections.
 
 
 def stage_index(ctx: RunContext, name: str) -> int:
-    return list(ctx.cfg.stages.keys()).index(name)
+    """Position of the stage in the run (seeds its data order and RNG)."""
+    return stage_order(ctx.cfg).index(name)
 
 
 def optimizer(stage):

@@ -163,8 +163,11 @@ class RolloutSource:
         return groups, {"generate_s": t1 - t0, "score_s": t2 - t1}
 
 
-def build_batch(groups, stage, target: int):
-    """Group filters -> advantages -> flat training batch padded to `target` groups (zero weight)."""
+def build_batch(groups, stage, target: int, bucket: int = 16):
+    """Group filters -> advantages -> flat training batch padded to `target` groups (zero weight).
+
+    Columns that are padding in every row (left of the longest prompt, right of the longest response)
+    are cut, keeping widths multiples of `bucket` so only a few shapes are ever compiled."""
     rewards, loss_keep = filters.overlong(groups["rewards"], groups["truncated"], stage.overlong)
     adv = np.asarray(losses.group_advantages(jnp.asarray(rewards), stage.adv_eps))
     mask = groups["mask"] * loss_keep[..., None]
@@ -172,9 +175,16 @@ def build_batch(groups, stage, target: int):
     pad = target - P
     padded = lambda x: np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) if pad else x  # noqa: E731
     flat = lambda x: padded(x).reshape(target * G, *x.shape[2:])  # noqa: E731
-    return {"tokens": flat(groups["tokens"]), "valid": flat(groups["valid"]), "positions": flat(groups["positions"]),
-            "mask": flat(mask.astype(np.float32)), "sampler_logp": flat(groups["sampler_logp"]),
-            "advantages": flat(adv.astype(np.float32)), "has_data": np.float32(P > 0)}
+    batch = {"tokens": flat(groups["tokens"]), "valid": flat(groups["valid"]), "positions": flat(groups["positions"]),
+             "mask": flat(mask.astype(np.float32)), "sampler_logp": flat(groups["sampler_logp"]),
+             "advantages": flat(adv.astype(np.float32))}
+    used = np.flatnonzero(batch["valid"].any(0)) if P else np.arange(1)
+    width = batch["tokens"].shape[1]
+    lo = min(int(used[0]) // bucket * bucket, width - 2)
+    hi = min(width, lo + -(-(int(used[-1]) + 1 - lo) // bucket) * bucket)
+    batch = {k: v[:, lo:hi] if k in ("tokens", "valid", "positions") else v[:, lo:hi - 1] if v.ndim == 2 else v
+             for k, v in batch.items()}
+    return batch | {"has_data": np.float32(P > 0)}
 
 
 def run(ctx: common.RunContext, name: str, stage, params):
