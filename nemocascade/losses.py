@@ -36,8 +36,7 @@ def _f32(x):
 def _check_same_shape(ref_name, ref, **others):
     for name, x in others.items():
         if x is not None and jnp.shape(x) != jnp.shape(ref):
-            raise ValueError(f"{name} has shape {jnp.shape(x)}, expected the shape of {ref_name} "
-                             f"{jnp.shape(ref)}")
+            raise ValueError(f"{name} has shape {jnp.shape(x)}, expected the shape of {ref_name} {jnp.shape(ref)}")
 
 
 def _masked_mean(x, mask):
@@ -60,8 +59,9 @@ def token_cross_entropy(logits, targets, mask):
     """
     _check_same_shape("targets", targets, mask=mask)
     if jnp.shape(logits)[:-1] != jnp.shape(targets):
-        raise ValueError(f"logits has shape {jnp.shape(logits)}; its leading dims must equal targets "
-                         f"{jnp.shape(targets)}")
+        raise ValueError(
+            f"logits has shape {jnp.shape(logits)}; its leading dims must equal targets {jnp.shape(targets)}"
+        )
     nll = optax.softmax_cross_entropy_with_integer_labels(_f32(logits), targets)
     loss = _masked_mean(nll, mask)
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
@@ -75,8 +75,9 @@ def token_cross_entropy(logits, targets, mask):
 def token_logprobs(logits, tokens):
     """``log softmax(logits)[b, t, tokens[b, t]]`` in float32. logits [B,T,V], tokens int [B,T] -> [B,T]."""
     if jnp.shape(logits)[:-1] != jnp.shape(tokens):
-        raise ValueError(f"logits has shape {jnp.shape(logits)}; its leading dims must equal tokens "
-                         f"{jnp.shape(tokens)}")
+        raise ValueError(
+            f"logits has shape {jnp.shape(logits)}; its leading dims must equal tokens {jnp.shape(tokens)}"
+        )
     logp = jax.nn.log_softmax(_f32(logits), axis=-1)
     return jnp.take_along_axis(logp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
@@ -159,8 +160,9 @@ def _aggregate_sum(per_token, mask, aggregation):
     return jnp.sum(mask * per_token)  # token_mean and constant differ only in the normalizer
 
 
-def grpo_loss(logp, advantages, mask, kl_coef=0.0, ref_logp=None, kl_estimator="k3",
-              aggregation="token_mean", normalizer=None):
+def grpo_loss(
+    logp, advantages, mask, kl_coef=0.0, ref_logp=None, kl_estimator="k3", aggregation="token_mean", normalizer=None
+):
     """Strictly on-policy GRPO loss (C1/C2 Eq. 1, METHOD.md "GRPO as used in every RL stage").
 
     One optimiser update per sampled batch makes the importance ratio pi/pi_old identically 1, and
@@ -195,8 +197,7 @@ def grpo_loss(logp, advantages, mask, kl_coef=0.0, ref_logp=None, kl_estimator="
         raise ValueError(f"logp must be [N, T], got shape {jnp.shape(logp)}")
     _check_same_shape("logp", logp, mask=mask, ref_logp=ref_logp)
     if jnp.shape(advantages) != jnp.shape(logp)[:1]:
-        raise ValueError(f"advantages has shape {jnp.shape(advantages)}, expected [N] = "
-                         f"{jnp.shape(logp)[:1]}")
+        raise ValueError(f"advantages has shape {jnp.shape(advantages)}, expected [N] = {jnp.shape(logp)[:1]}")
 
     denom = loss_normalizer(mask, aggregation) if normalizer is None else _f32(normalizer)
     adv = jax.lax.stop_gradient(_f32(advantages))[:, None]
@@ -236,8 +237,7 @@ def mopd_loss(logp_train, logp_teacher, logp_sampler, mask, is_low=0.5, is_high=
         raise ValueError(f"is_low={is_low}, is_high={is_high}: need 0 < is_low <= 1 <= is_high")
     if jnp.ndim(logp_train) != 2:
         raise ValueError(f"logp_train must be [N, T], got shape {jnp.shape(logp_train)}")
-    _check_same_shape("logp_train", logp_train, logp_teacher=logp_teacher, logp_sampler=logp_sampler,
-                      mask=mask)
+    _check_same_shape("logp_train", logp_train, logp_teacher=logp_teacher, logp_sampler=logp_sampler, mask=mask)
     mask = _f32(mask)
     logp_train = _f32(logp_train)
     sg_train = jax.lax.stop_gradient(logp_train)

@@ -19,118 +19,120 @@ from nemocascade.run_log import load_metrics
 
 
 def _trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
-  """out[i] = mean(values[max(0, i-window+1) : i+1]); the window shrinks at the start."""
-  csum = np.concatenate([[0.0], np.cumsum(values)])
-  idx = np.arange(1, len(values) + 1)
-  lo = np.maximum(idx - window, 0)
-  return (csum[idx] - csum[lo]) / (idx - lo)
+    """out[i] = mean(values[max(0, i-window+1) : i+1]); the window shrinks at the start."""
+    csum = np.concatenate([[0.0], np.cumsum(values)])
+    idx = np.arange(1, len(values) + 1)
+    lo = np.maximum(idx - window, 0)
+    return (csum[idx] - csum[lo]) / (idx - lo)
 
 
 def _save(fig, out_png: str) -> None:
-  os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
-  fig.savefig(out_png, dpi=100)
+    os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
+    fig.savefig(out_png, dpi=100)
 
 
-def plot_metric_curves(metrics_jsonl: str, out_png: str, keys: list[str], smooth: int = 1,
-                       title: str | None = None) -> None:
-  """One subplot per metric key against the cascade-wide global step; dotted lines = stage starts.
+def plot_metric_curves(
+    metrics_jsonl: str, out_png: str, keys: list[str], smooth: int = 1, title: str | None = None
+) -> None:
+    """One subplot per metric key against the cascade-wide global step; dotted lines = stage starts.
 
-  ``smooth`` > 1 draws a trailing mean over that many logged steps, computed within each stage (a
-  stage's reward scale says nothing about the next one's), over the raw curve drawn faintly.
-  A key logged by no stage is a ValueError listing the keys that exist.
-  """
-  if smooth < 1:
-    raise ValueError(f"smooth must be >= 1, got {smooth}")
-  rows = load_metrics(metrics_jsonl)
-  if not rows:
-    raise ValueError(f"{metrics_jsonl} holds no metrics")
-  available = sorted({k for r in rows for k in r} - {"stage", "step", "global_step", "time"})
-  for key in keys:
-    if key not in available:
-      raise ValueError(f"metric {key!r} is not in {metrics_jsonl}; available: {available}")
-  stage_starts: dict[str, int] = {}
-  for r in rows:
-    stage_starts.setdefault(r["stage"], r["global_step"])
+    ``smooth`` > 1 draws a trailing mean over that many logged steps, computed within each stage (a
+    stage's reward scale says nothing about the next one's), over the raw curve drawn faintly.
+    A key logged by no stage is a ValueError listing the keys that exist.
+    """
+    if smooth < 1:
+        raise ValueError(f"smooth must be >= 1, got {smooth}")
+    rows = load_metrics(metrics_jsonl)
+    if not rows:
+        raise ValueError(f"{metrics_jsonl} holds no metrics")
+    available = sorted({k for r in rows for k in r} - {"stage", "step", "global_step", "time"})
+    for key in keys:
+        if key not in available:
+            raise ValueError(f"metric {key!r} is not in {metrics_jsonl}; available: {available}")
+    stage_starts: dict[str, int] = {}
+    for r in rows:
+        stage_starts.setdefault(r["stage"], r["global_step"])
 
-  fig = Figure(figsize=(8, 2.6 * len(keys)), layout="constrained")
-  axes = fig.subplots(len(keys), 1, sharex=True, squeeze=False)
-  for ax, key in zip(axes[:, 0], keys):
-    for stage in stage_starts:
-      pts = [(r["global_step"], r[key]) for r in rows if r["stage"] == stage and key in r]
-      if not pts:
-        continue
-      x, y = np.array(pts, dtype=float).T
-      if smooth > 1:
-        ax.plot(x, y, color="C0", alpha=0.25, linewidth=0.8)
-        y = _trailing_mean(y, smooth)
-      ax.plot(x, y, color="C0", linewidth=1.5)
+    fig = Figure(figsize=(8, 2.6 * len(keys)), layout="constrained")
+    axes = fig.subplots(len(keys), 1, sharex=True, squeeze=False)
+    for ax, key in zip(axes[:, 0], keys):
+        for stage in stage_starts:
+            pts = [(r["global_step"], r[key]) for r in rows if r["stage"] == stage and key in r]
+            if not pts:
+                continue
+            x, y = np.array(pts, dtype=float).T
+            if smooth > 1:
+                ax.plot(x, y, color="C0", alpha=0.25, linewidth=0.8)
+                y = _trailing_mean(y, smooth)
+            ax.plot(x, y, color="C0", linewidth=1.5)
+        for stage, start in stage_starts.items():
+            ax.axvline(start, color="gray", linestyle=":", linewidth=1)
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+    top = axes[0, 0]
     for stage, start in stage_starts.items():
-      ax.axvline(start, color="gray", linestyle=":", linewidth=1)
-    ax.set_ylabel(key)
-    ax.grid(alpha=0.3)
-  top = axes[0, 0]
-  for stage, start in stage_starts.items():
-    # x in data units, y in axes units: labels sit just above the top subplot whatever its y range.
-    top.text(start, 1.02, stage, transform=top.get_xaxis_transform(), fontsize=8, ha="left",
-             va="bottom", rotation=30)
-  axes[-1, 0].set_xlabel("global step")
-  if title:
-    fig.suptitle(title)
-  _save(fig, out_png)
+        # x in data units, y in axes units: labels sit just above the top subplot whatever its y range.
+        top.text(
+            start, 1.02, stage, transform=top.get_xaxis_transform(), fontsize=8, ha="left", va="bottom", rotation=30
+        )
+    axes[-1, 0].set_xlabel("global step")
+    if title:
+        fig.suptitle(title)
+    _save(fig, out_png)
 
 
 def _domains(summary: dict) -> list[str]:
-  """Eval domains in order of first appearance across the stages."""
-  seen: dict[str, None] = {}
-  for stage in summary["stages"]:
-    for domain in stage["eval"]:
-      seen.setdefault(domain, None)
-  return list(seen)
+    """Eval domains in order of first appearance across the stages."""
+    seen: dict[str, None] = {}
+    for stage in summary["stages"]:
+        for domain in stage["eval"]:
+            seen.setdefault(domain, None)
+    return list(seen)
 
 
 def plot_eval_by_stage(summary: dict, out_png: str) -> None:
-  """pass@1 (percent) after each stage, one line with markers per domain; x = stages in run order.
+    """pass@1 (percent) after each stage, one line with markers per domain; x = stages in run order.
 
-  A domain not evaluated after some stage leaves a gap there.
-  """
-  stages = summary["stages"]
-  if not stages:
-    raise ValueError("summary has no stages to plot")
-  names = [s["name"] for s in stages]
-  fig = Figure(figsize=(max(5.0, 1.2 * len(names) + 2), 4), layout="constrained")
-  ax = fig.subplots()
-  x = np.arange(len(names))
-  for i, domain in enumerate(_domains(summary)):
-    y = [100 * s["eval"][domain]["pass@1"] if domain in s["eval"] else math.nan for s in stages]
-    ax.plot(x, y, marker="o", color=f"C{i % 10}", label=domain)
-  ax.set_xticks(x, names, rotation=30, ha="right")
-  ax.set_ylabel("pass@1 (%)")
-  ax.set_title(f"eval after each stage: {summary.get('config', '')}")
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=8)
-  _save(fig, out_png)
+    A domain not evaluated after some stage leaves a gap there.
+    """
+    stages = summary["stages"]
+    if not stages:
+        raise ValueError("summary has no stages to plot")
+    names = [s["name"] for s in stages]
+    fig = Figure(figsize=(max(5.0, 1.2 * len(names) + 2), 4), layout="constrained")
+    ax = fig.subplots()
+    x = np.arange(len(names))
+    for i, domain in enumerate(_domains(summary)):
+        y = [100 * s["eval"][domain]["pass@1"] if domain in s["eval"] else math.nan for s in stages]
+        ax.plot(x, y, marker="o", color=f"C{i % 10}", label=domain)
+    ax.set_xticks(x, names, rotation=30, ha="right")
+    ax.set_ylabel("pass@1 (%)")
+    ax.set_title(f"eval after each stage: {summary.get('config', '')}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, out_png)
 
 
 def eval_table_markdown(summary: dict) -> str:
-  """Markdown table: a row per stage, a column per domain, cells = pass@1 in percent to 0.1.
+    """Markdown table: a row per stage, a column per domain, cells = pass@1 in percent to 0.1.
 
-  The header gives each domain's ``n`` when it is the same after every stage (``math (n=500)``);
-  otherwise each cell carries its own (``42.0 (n=500)``). A missing eval is ``-``.
-  No trailing newline.
-  Example: ``| stage | math (n=500) |`` / ``|:--|--:|`` / ``| sft | 42.0 |``.
-  """
-  domains = _domains(summary)
-  stages = summary["stages"]
-  ns = {d: {s["eval"][d]["n"] for s in stages if d in s["eval"]} for d in domains}
-  header = ["stage"] + [f"{d} (n={next(iter(ns[d]))})" if len(ns[d]) == 1 else d for d in domains]
-  lines = ["| " + " | ".join(header) + " |", "|:--|" + "--:|" * len(domains)]
-  for s in stages:
-    cells = [s["name"]]
-    for d in domains:
-      if d not in s["eval"]:
-        cells.append("-")
-        continue
-      cell = f"{100 * s['eval'][d]['pass@1']:.1f}"
-      cells.append(cell if len(ns[d]) == 1 else f"{cell} (n={s['eval'][d]['n']})")
-    lines.append("| " + " | ".join(cells) + " |")
-  return "\n".join(lines)
+    The header gives each domain's ``n`` when it is the same after every stage (``math (n=500)``);
+    otherwise each cell carries its own (``42.0 (n=500)``). A missing eval is ``-``.
+    No trailing newline.
+    Example: ``| stage | math (n=500) |`` / ``|:--|--:|`` / ``| sft | 42.0 |``.
+    """
+    domains = _domains(summary)
+    stages = summary["stages"]
+    ns = {d: {s["eval"][d]["n"] for s in stages if d in s["eval"]} for d in domains}
+    header = ["stage"] + [f"{d} (n={next(iter(ns[d]))})" if len(ns[d]) == 1 else d for d in domains]
+    lines = ["| " + " | ".join(header) + " |", "|:--|" + "--:|" * len(domains)]
+    for s in stages:
+        cells = [s["name"]]
+        for d in domains:
+            if d not in s["eval"]:
+                cells.append("-")
+                continue
+            cell = f"{100 * s['eval'][d]['pass@1']:.1f}"
+            cells.append(cell if len(ns[d]) == 1 else f"{cell} (n={s['eval'][d]['n']})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -28,12 +28,13 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from typing import Any, Iterable
 
 import tensorboardX
 import tqdm
+
+from nemocascade.files import atomic_write
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
@@ -49,351 +50,357 @@ _TB_WRITER_IDS = itertools.count()
 
 
 def _to_float(key: str, value: Any) -> float:
-  """float() of a Python/numpy/jax scalar (or size-1 array), with an error that names the key."""
-  try:
-    return float(value)
-  except (TypeError, ValueError) as e:
-    raise ValueError(f"metric {key!r}: cannot convert {type(value).__name__} {value!r:.80} to a "
-                     f"float scalar ({e})") from None
+    """float() of a Python/numpy/jax scalar (or size-1 array), with an error that names the key."""
+    try:
+        return float(value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(
+            f"metric {key!r}: cannot convert {type(value).__name__} {value!r:.80} to a float scalar ({e})"
+        ) from None
 
 
 def _json_default(obj: Any) -> Any:
-  """Lets config dicts hold numpy/jax scalars and arrays; anything else is recorded by its str()."""
-  if hasattr(obj, "tolist"):
-    return obj.tolist()
-  return str(obj)
-
-
-def _atomic_write_text(path: str, text: str) -> None:
-  """Write ``text`` to ``path`` so readers see either the old or the new file, never half of one.
-
-  The temp file lives in the same directory because ``os.replace`` is only atomic within one
-  filesystem.
-  """
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.", suffix=".tmp")
-  try:
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.remove(tmp)
-    raise
+    """Lets config dicts hold numpy/jax scalars and arrays; anything else is recorded by its str()."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    return str(obj)
 
 
 def load_metrics(path: str) -> list[dict]:
-  """Rows of a metrics.jsonl, each with ``global_step`` (computed as in the module docstring if
-  absent).
+    """Rows of a metrics.jsonl, each with ``global_step`` (computed as in the module docstring if
+    absent).
 
-  A last line without its newline is a write cut short by a crash and is skipped; any other line
-  that is not a JSON object with ``stage`` and ``step`` is a ValueError naming the line number.
-  """
-  with open(path) as f:
-    text = f.read()
-  lines = text.split("\n")
-  if lines and not text.endswith("\n"):
-    lines = lines[:-1]  # partial final write (or an empty file's single "")
-  rows, offsets, next_global = [], {}, 0
-  for lineno, line in enumerate(lines, start=1):
-    if not line.strip():
-      continue
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError as e:
-      raise ValueError(f"{path}:{lineno}: not valid JSON ({e}): {line[:120]!r}") from None
-    if not isinstance(row, dict) or "stage" not in row or "step" not in row:
-      raise ValueError(f"{path}:{lineno}: expected an object with 'stage' and 'step': "
-                       f"{line[:120]!r}")
-    stage, step = row["stage"], row["step"]
-    if stage not in offsets:
-      offsets[stage] = row.get("global_step", next_global + step) - step
-    row.setdefault("global_step", offsets[stage] + step)
-    next_global = max(next_global, row["global_step"] + 1)
-    rows.append(row)
-  return rows
+    A last line without its newline is a write cut short by a crash and is skipped; any other line
+    that is not a JSON object with ``stage`` and ``step`` is a ValueError naming the line number.
+    """
+    with open(path) as f:
+        text = f.read()
+    lines = text.split("\n")
+    if lines and not text.endswith("\n"):
+        lines = lines[:-1]  # partial final write (or an empty file's single "")
+    rows, offsets, next_global = [], {}, 0
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({e}): {line[:120]!r}") from None
+        if not isinstance(row, dict) or "stage" not in row or "step" not in row:
+            raise ValueError(f"{path}:{lineno}: expected an object with 'stage' and 'step': {line[:120]!r}")
+        stage, step = row["stage"], row["step"]
+        if stage not in offsets:
+            offsets[stage] = row.get("global_step", next_global + step) - step
+        row.setdefault("global_step", offsets[stage] + step)
+        next_global = max(next_global, row["global_step"] + 1)
+        rows.append(row)
+    return rows
 
 
 class RunLog:
-  """The run's outputs in ``workdir``; see the module docstring for files and resume semantics.
+    """The run's outputs in ``workdir``; see the module docstring for files and resume semantics.
 
-  ``summary`` is the live dict that ``summary.json`` mirrors after each ``end_stage``/``finish``.
-  Before ``finish``, ``total_wall_s`` is the sum of the stages' ``wall_s`` (a partial run's best
-  estimate); ``finish`` sets the measured total.
-  """
-
-  def __init__(self, workdir: str, config_name: str, variant: str | None, seed: int,
-               config_dict: dict | None = None):
-    self.workdir = workdir
-    os.makedirs(workdir, exist_ok=True)
-    self._summary_path = os.path.join(workdir, SUMMARY_FILE)
-    self._metrics_path = os.path.join(workdir, METRICS_FILE)
-    self._metrics_file = None
-    self._tb = None
-    self._tb_purge_step = None
-
-    if os.path.exists(self._summary_path):
-      with open(self._summary_path) as f:
-        self.summary = json.load(f)
-      # Skipping "finished" stages of a different run would silently mix two experiments.
-      for key, want in (("config", config_name), ("variant", variant), ("seed", seed)):
-        if self.summary.get(key) != want:
-          raise ValueError(f"{self._summary_path} belongs to a run with {key}="
-                           f"{self.summary.get(key)!r}, not {want!r}; use another workdir")
-    else:
-      self.summary = {"config": config_name, "variant": variant, "seed": seed, "stages": [],
-                      "total_wall_s": 0.0}
-    if config_dict is not None:
-      _atomic_write_text(os.path.join(workdir, CONFIG_FILE),
-                         json.dumps(config_dict, indent=2, sort_keys=True, default=_json_default))
-    self._reindex_metrics()
-
-  # ---- metrics.jsonl + TensorBoard ------------------------------------------------------------
-
-  def _reindex_metrics(self) -> None:
-    """Rebuild stage offsets and last steps from metrics.jsonl; drop a crash-truncated last line."""
-    self._offsets: dict[str, int] = {}
-    self._last_step: dict[str, int] = {}
-    self._stage_order: list[str] = []
-    self._next_global = 0
-    if not os.path.exists(self._metrics_path):
-      return
-    rows = load_metrics(self._metrics_path)
-    with open(self._metrics_path, "rb") as f:
-      size = f.seek(0, os.SEEK_END)
-      f.seek(max(size - 1, 0))
-      cut_short = size > 0 and f.read(1) != b"\n"
-    if cut_short:  # drop the crash's half line so the next append starts on a line of its own
-      self._rewrite_metrics(rows)
-    for row in rows:
-      stage, step = row["stage"], row["step"]
-      if stage not in self._offsets:
-        self._offsets[stage] = row["global_step"] - step
-        self._stage_order.append(stage)
-      self._last_step[stage] = step
-      self._next_global = max(self._next_global, row["global_step"] + 1)
-
-  def _rewrite_metrics(self, rows: list[dict]) -> None:
-    self._close_metrics_file()
-    _atomic_write_text(self._metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
-
-  def _close_metrics_file(self) -> None:
-    if self._metrics_file is not None:
-      self._metrics_file.close()
-      self._metrics_file = None
-
-  def log_step(self, stage: str, step: int, metrics: dict[str, Any]) -> None:
-    """Append one line to metrics.jsonl (flushed) and one TensorBoard scalar per metric.
-
-    Steps of a stage must not go backwards (equal is allowed, e.g. eval metrics logged at the last
-    train step), and a stage cannot resume logging once a later stage has started: both would break
-    the monotonic global step. After a restart, call ``truncate_after`` first.
+    ``summary`` is the live dict that ``summary.json`` mirrors after each ``end_stage``/``finish``.
+    Before ``finish``, ``total_wall_s`` is the sum of the stages' ``wall_s`` (a partial run's best
+    estimate); ``finish`` sets the measured total.
     """
-    step = int(step)
-    values = {}
-    for key, value in metrics.items():
-      if key in _RESERVED_METRIC_KEYS:
-        raise ValueError(f"metric key {key!r} is reserved in {METRICS_FILE}; rename it")
-      values[key] = _to_float(key, value)
-    if stage in self._offsets:
-      if self._stage_order[-1] != stage:
-        raise ValueError(f"stage {stage!r} was already followed by {self._stage_order[-1]!r} in "
-                         f"{self._metrics_path}; stages log one after another")
-      if step < self._last_step[stage]:
-        raise ValueError(f"stage {stage!r} step {step} < last logged step "
-                         f"{self._last_step[stage]}; call truncate_after({stage!r}, {step - 1}) "
-                         "when resuming")
-    else:
-      self._offsets[stage] = self._next_global - step
-      self._stage_order.append(stage)
-    self._last_step[stage] = step
-    global_step = self._offsets[stage] + step
-    self._next_global = max(self._next_global, global_step + 1)
 
-    if self._metrics_file is None:
-      self._metrics_file = open(self._metrics_path, "a")
-    row = {"stage": stage, "step": step, "global_step": global_step, "time": time.time(), **values}
-    self._metrics_file.write(json.dumps(row) + "\n")
-    self._metrics_file.flush()
-
-    if self._tb is None:
-      # purge_step makes TensorBoard hide events >= it from earlier (pre-crash) event files.
-      self._tb = tensorboardX.SummaryWriter(
-          os.path.join(self.workdir, TB_DIR), purge_step=self._tb_purge_step, flush_secs=10,
-          filename_suffix=f".{os.getpid()}.{next(_TB_WRITER_IDS)}")
-      self._tb_purge_step = None
-    for key, value in values.items():
-      self._tb.add_scalar(f"{stage}/{key}", value, global_step)
-
-  def truncate_after(self, stage: str, step: int) -> None:
-    """Drop metrics.jsonl lines of ``stage`` with ``step > step`` (atomic rewrite).
-
-    Other stages' lines are kept. TensorBoard's next event file purges global steps past the cut.
-    """
-    if not os.path.exists(self._metrics_path):
-      return
-    rows = load_metrics(self._metrics_path)
-    kept = [r for r in rows if not (r["stage"] == stage and r["step"] > step)]
-    self._rewrite_metrics(kept)
-    if stage in self._offsets:
-      if self._tb is not None:
-        self._tb.close()
+    def __init__(self, workdir: str, config_name: str, variant: str | None, seed: int, config_dict: dict | None = None):
+        self.workdir = workdir
+        os.makedirs(workdir, exist_ok=True)
+        self._summary_path = os.path.join(workdir, SUMMARY_FILE)
+        self._metrics_path = os.path.join(workdir, METRICS_FILE)
+        self._metrics_file = None
         self._tb = None
-      self._tb_purge_step = self._offsets[stage] + step + 1
-    self._reindex_metrics()
+        self._tb_purge_step = None
 
-  # ---- summary.json -----------------------------------------------------------------------------
+        if os.path.exists(self._summary_path):
+            with open(self._summary_path) as f:
+                self.summary = json.load(f)
+            # Skipping "finished" stages of a different run would silently mix two experiments.
+            for key, want in (("config", config_name), ("variant", variant), ("seed", seed)):
+                if self.summary.get(key) != want:
+                    raise ValueError(
+                        f"{self._summary_path} belongs to a run with {key}="
+                        f"{self.summary.get(key)!r}, not {want!r}; use another workdir"
+                    )
+        else:
+            self.summary = {"config": config_name, "variant": variant, "seed": seed, "stages": [], "total_wall_s": 0.0}
+        if config_dict is not None:
+            atomic_write(
+                os.path.join(workdir, CONFIG_FILE),
+                json.dumps(config_dict, indent=2, sort_keys=True, default=_json_default),
+            )
+        self._reindex_metrics()
 
-  def _write_summary(self) -> None:
-    _atomic_write_text(self._summary_path, json.dumps(self.summary, indent=2) + "\n")
+    # ---- metrics.jsonl + TensorBoard ------------------------------------------------------------
 
-  def stage_done(self, name: str) -> bool:
-    """True iff ``summary.json`` already holds stage ``name`` (a resumed run skips it)."""
-    return any(s["name"] == name for s in self.summary["stages"])
+    def _reindex_metrics(self) -> None:
+        """Rebuild stage offsets and last steps from metrics.jsonl; drop a crash-truncated last line."""
+        self._offsets: dict[str, int] = {}
+        self._last_step: dict[str, int] = {}
+        self._stage_order: list[str] = []
+        self._next_global = 0
+        if not os.path.exists(self._metrics_path):
+            return
+        rows = load_metrics(self._metrics_path)
+        with open(self._metrics_path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(size - 1, 0))
+            cut_short = size > 0 and f.read(1) != b"\n"
+        if cut_short:  # drop the crash's half line so the next append starts on a line of its own
+            self._rewrite_metrics(rows)
+        for row in rows:
+            stage, step = row["stage"], row["step"]
+            if stage not in self._offsets:
+                self._offsets[stage] = row["global_step"] - step
+                self._stage_order.append(stage)
+            self._last_step[stage] = step
+            self._next_global = max(self._next_global, row["global_step"] + 1)
 
-  def end_stage(self, name: str, kind: str, domains: Iterable[str], steps: int, wall_s: float,
-                eval: dict[str, dict], teachers: dict[str, str] | None = None, **extra) -> dict:
-    """Add (or replace, by name, in place) a stage entry and rewrite summary.json atomically.
+    def _rewrite_metrics(self, rows: list[dict]) -> None:
+        self._close_metrics_file()
+        atomic_write(self._metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
 
-    ``eval`` maps every domain of the run to at least ``{"pass@1": float, "n": int}``; a missing key
-    is a ValueError naming the domain. Returns the stage entry.
-    """
-    checked_eval = {}
-    for domain, result in eval.items():
-      if not isinstance(result, dict):
-        raise ValueError(f"stage {name!r}: eval[{domain!r}] must be a dict with 'pass@1' and 'n', "
-                         f"got {type(result).__name__}")
-      missing = [k for k in ("pass@1", "n") if k not in result]
-      if missing:
-        raise ValueError(f"stage {name!r}: eval[{domain!r}] lacks {missing}; every domain needs "
-                         "'pass@1' and 'n' (RUN_OUTPUT.md)")
-      try:
-        pass1, n = float(result["pass@1"]), int(result["n"])
-      except (TypeError, ValueError) as e:
-        raise ValueError(f"stage {name!r}: eval[{domain!r}] pass@1/n are not numbers ({e})"
-                         ) from None
-      if not math.isfinite(pass1):
-        raise ValueError(f"stage {name!r}: eval[{domain!r}]['pass@1'] = {pass1} is not finite")
-      checked_eval[domain] = {**result, "pass@1": pass1, "n": n}
-    if isinstance(domains, str):
-      raise ValueError(f"stage {name!r}: domains must be a list of names, got the string "
-                       f"{domains!r}")
-    entry = {"name": name, "kind": kind, "domains": list(domains), "steps": int(steps),
-             "wall_s": float(wall_s), "teachers": None if teachers is None else dict(teachers),
-             "eval": checked_eval, **extra}
-    stages = self.summary["stages"]
-    for i, s in enumerate(stages):
-      if s["name"] == name:
-        stages[i] = entry
-        break
-    else:
-      stages.append(entry)
-    self.summary["total_wall_s"] = sum(s["wall_s"] for s in stages)
-    self._write_summary()
-    return entry
+    def _close_metrics_file(self) -> None:
+        if self._metrics_file is not None:
+            self._metrics_file.close()
+            self._metrics_file = None
 
-  def finish(self, total_wall_s: float) -> None:
-    self.summary["total_wall_s"] = float(total_wall_s)
-    self._write_summary()
+    def log_step(self, stage: str, step: int, metrics: dict[str, Any]) -> None:
+        """Append one line to metrics.jsonl (flushed) and one TensorBoard scalar per metric.
 
-  def close(self) -> None:
-    self._close_metrics_file()
-    if self._tb is not None:
-      self._tb.close()
-      self._tb = None
+        Steps of a stage must not go backwards (equal is allowed, e.g. eval metrics logged at the last
+        train step), and a stage cannot resume logging once a later stage has started: both would break
+        the monotonic global step. After a restart, call ``truncate_after`` first.
+        """
+        step = int(step)
+        values = {}
+        for key, value in metrics.items():
+            if key in _RESERVED_METRIC_KEYS:
+                raise ValueError(f"metric key {key!r} is reserved in {METRICS_FILE}; rename it")
+            values[key] = _to_float(key, value)
+        if stage in self._offsets:
+            if self._stage_order[-1] != stage:
+                raise ValueError(
+                    f"stage {stage!r} was already followed by {self._stage_order[-1]!r} in "
+                    f"{self._metrics_path}; stages log one after another"
+                )
+            if step < self._last_step[stage]:
+                raise ValueError(
+                    f"stage {stage!r} step {step} < last logged step "
+                    f"{self._last_step[stage]}; call truncate_after({stage!r}, {step - 1}) "
+                    "when resuming"
+                )
+        else:
+            self._offsets[stage] = self._next_global - step
+            self._stage_order.append(stage)
+        self._last_step[stage] = step
+        global_step = self._offsets[stage] + step
+        self._next_global = max(self._next_global, global_step + 1)
 
-  def __enter__(self) -> "RunLog":
-    return self
+        if self._metrics_file is None:
+            self._metrics_file = open(self._metrics_path, "a")
+        row = {"stage": stage, "step": step, "global_step": global_step, "time": time.time(), **values}
+        self._metrics_file.write(json.dumps(row) + "\n")
+        self._metrics_file.flush()
 
-  def __exit__(self, *exc) -> None:
-    self.close()
+        if self._tb is None:
+            # purge_step makes TensorBoard hide events >= it from earlier (pre-crash) event files.
+            self._tb = tensorboardX.SummaryWriter(
+                os.path.join(self.workdir, TB_DIR),
+                purge_step=self._tb_purge_step,
+                flush_secs=10,
+                filename_suffix=f".{os.getpid()}.{next(_TB_WRITER_IDS)}",
+            )
+            self._tb_purge_step = None
+        for key, value in values.items():
+            self._tb.add_scalar(f"{stage}/{key}", value, global_step)
+
+    def truncate_after(self, stage: str, step: int) -> None:
+        """Drop metrics.jsonl lines of ``stage`` with ``step > step`` (atomic rewrite).
+
+        Other stages' lines are kept. TensorBoard's next event file purges global steps past the cut.
+        """
+        if not os.path.exists(self._metrics_path):
+            return
+        rows = load_metrics(self._metrics_path)
+        kept = [r for r in rows if not (r["stage"] == stage and r["step"] > step)]
+        self._rewrite_metrics(kept)
+        if stage in self._offsets:
+            if self._tb is not None:
+                self._tb.close()
+                self._tb = None
+            self._tb_purge_step = self._offsets[stage] + step + 1
+        self._reindex_metrics()
+
+    # ---- summary.json -----------------------------------------------------------------------------
+
+    def _write_summary(self) -> None:
+        atomic_write(self._summary_path, json.dumps(self.summary, indent=2) + "\n")
+
+    def stage_done(self, name: str) -> bool:
+        """True iff ``summary.json`` already holds stage ``name`` (a resumed run skips it)."""
+        return any(s["name"] == name for s in self.summary["stages"])
+
+    def end_stage(
+        self,
+        name: str,
+        kind: str,
+        domains: Iterable[str],
+        steps: int,
+        wall_s: float,
+        eval: dict[str, dict],
+        teachers: dict[str, str] | None = None,
+        **extra,
+    ) -> dict:
+        """Add (or replace, by name, in place) a stage entry and rewrite summary.json atomically.
+
+        ``eval`` maps every domain of the run to at least ``{"pass@1": float, "n": int}``; a missing key
+        is a ValueError naming the domain. Returns the stage entry.
+        """
+        checked_eval = {}
+        for domain, result in eval.items():
+            if not isinstance(result, dict):
+                raise ValueError(
+                    f"stage {name!r}: eval[{domain!r}] must be a dict with 'pass@1' and 'n', "
+                    f"got {type(result).__name__}"
+                )
+            missing = [k for k in ("pass@1", "n") if k not in result]
+            if missing:
+                raise ValueError(
+                    f"stage {name!r}: eval[{domain!r}] lacks {missing}; every domain needs "
+                    "'pass@1' and 'n' (RUN_OUTPUT.md)"
+                )
+            try:
+                pass1, n = float(result["pass@1"]), int(result["n"])
+            except (TypeError, ValueError) as e:
+                raise ValueError(f"stage {name!r}: eval[{domain!r}] pass@1/n are not numbers ({e})") from None
+            if not math.isfinite(pass1):
+                raise ValueError(f"stage {name!r}: eval[{domain!r}]['pass@1'] = {pass1} is not finite")
+            checked_eval[domain] = {**result, "pass@1": pass1, "n": n}
+        if isinstance(domains, str):
+            raise ValueError(f"stage {name!r}: domains must be a list of names, got the string {domains!r}")
+        entry = {
+            "name": name,
+            "kind": kind,
+            "domains": list(domains),
+            "steps": int(steps),
+            "wall_s": float(wall_s),
+            "teachers": None if teachers is None else dict(teachers),
+            "eval": checked_eval,
+            **extra,
+        }
+        stages = self.summary["stages"]
+        for i, s in enumerate(stages):
+            if s["name"] == name:
+                stages[i] = entry
+                break
+        else:
+            stages.append(entry)
+        self.summary["total_wall_s"] = sum(s["wall_s"] for s in stages)
+        self._write_summary()
+        return entry
+
+    def finish(self, total_wall_s: float) -> None:
+        self.summary["total_wall_s"] = float(total_wall_s)
+        self._write_summary()
+
+    def close(self) -> None:
+        self._close_metrics_file()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+    def __enter__(self) -> "RunLog":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # ---- progress ------------------------------------------------------------------------------------
 
+
 class _LineProgress:
-  """tqdm's everyday surface (iterate, update, set_postfix, close) printing plain lines to stderr.
+    """tqdm's everyday surface (iterate, update, set_postfix, close) printing plain lines to stderr.
 
-  Used when stderr is not a terminal, where tqdm's carriage returns turn CI logs into one huge line.
-  Prints when the completed fraction crosses each 10% mark, or every 30 s when the total is unknown.
-  """
+    Used when stderr is not a terminal, where tqdm's carriage returns turn CI logs into one huge line.
+    Prints when the completed fraction crosses each 10% mark, or every 30 s when the total is unknown.
+    """
 
-  def __init__(self, iterable, desc: str, total: int | None, unit: str = "it"):
-    self.iterable, self.desc, self.total, self.unit = iterable, desc, total, unit
-    self.n = 0
-    self._postfix = ""
-    self._start = self._last_print_time = time.time()
-    self._last_decile = 0
-    self._last_printed_n = 0
+    def __init__(self, iterable, desc: str, total: int | None, unit: str = "it"):
+        self.iterable, self.desc, self.total, self.unit = iterable, desc, total, unit
+        self.n = 0
+        self._postfix = ""
+        self._start = self._last_print_time = time.time()
+        self._last_decile = 0
+        self._last_printed_n = 0
 
-  def __iter__(self):
-    for item in self.iterable:
-      yield item
-      self.update(1)
-    self.close()
+    def __iter__(self):
+        for item in self.iterable:
+            yield item
+            self.update(1)
+        self.close()
 
-  def __len__(self):
-    return self.total
+    def __len__(self):
+        return self.total
 
-  def __enter__(self):
-    return self
+    def __enter__(self):
+        return self
 
-  def __exit__(self, *exc):
-    self.close()
+    def __exit__(self, *exc):
+        self.close()
 
-  def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
-    items = {**(ordered_dict or {}), **kwargs}
-    self._postfix = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                              for k, v in items.items())
+    def set_postfix(self, ordered_dict=None, refresh=True, **kwargs):
+        items = {**(ordered_dict or {}), **kwargs}
+        self._postfix = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in items.items())
 
-  def set_description(self, desc=None, refresh=True):
-    self.desc = desc or ""
+    def set_description(self, desc=None, refresh=True):
+        self.desc = desc or ""
 
-  def _print(self) -> None:
-    elapsed = time.time() - self._start
-    done = f"{self.n}/{self.total} ({100 * self.n // self.total}%)" if self.total else f"{self.n}"
-    rate = f", {self.n / elapsed:.3g} {self.unit}/s" if elapsed > 0 else ""
-    post = f" {self._postfix}" if self._postfix else ""
-    print(f"{self.desc}: {done} {self.unit} {elapsed:.1f}s{rate}{post}", file=sys.stderr,
-          flush=True)
-    self._last_printed_n, self._last_print_time = self.n, time.time()
+    def _print(self) -> None:
+        elapsed = time.time() - self._start
+        done = f"{self.n}/{self.total} ({100 * self.n // self.total}%)" if self.total else f"{self.n}"
+        rate = f", {self.n / elapsed:.3g} {self.unit}/s" if elapsed > 0 else ""
+        post = f" {self._postfix}" if self._postfix else ""
+        print(f"{self.desc}: {done} {self.unit} {elapsed:.1f}s{rate}{post}", file=sys.stderr, flush=True)
+        self._last_printed_n, self._last_print_time = self.n, time.time()
 
-  def update(self, n: int = 1) -> None:
-    self.n += n
-    if self.total:
-      decile = min(10, 10 * self.n // self.total)
-      if decile > self._last_decile:
-        self._last_decile = decile
-        self._print()
-    elif time.time() - self._last_print_time >= 30.0:
-      self._print()
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.total:
+            decile = min(10, 10 * self.n // self.total)
+            if decile > self._last_decile:
+                self._last_decile = decile
+                self._print()
+        elif time.time() - self._last_print_time >= 30.0:
+            self._print()
 
-  def close(self) -> None:
-    if self.n != self._last_printed_n:
-      self._print()
+    def close(self) -> None:
+        if self.n != self._last_printed_n:
+            self._print()
 
 
 def progress(iterable_or_total: Iterable | int, desc: str, **kw):
-  """A progress bar over an iterable, or one to ``update()`` by hand when given an int total.
+    """A progress bar over an iterable, or one to ``update()`` by hand when given an int total.
 
-  tqdm with ``dynamic_ncols=True, mininterval=1.0`` when stderr is a terminal or
-  ``NEMOCASCADE_PROGRESS=1``; otherwise (``NEMOCASCADE_PROGRESS=0`` or a non-TTY stderr, as in CI)
-  a line per 10% on stderr. ``disable=True`` silences both. Other ``kw`` go to tqdm.
-  """
-  if isinstance(iterable_or_total, int):
-    iterable, total = None, iterable_or_total
-  else:
-    iterable = iterable_or_total
-    total = kw.pop("total", None)
-    if total is None and hasattr(iterable, "__len__"):
-      total = len(iterable)
-  if kw.get("disable"):
+    tqdm with ``dynamic_ncols=True, mininterval=1.0`` when stderr is a terminal or
+    ``NEMOCASCADE_PROGRESS=1``; otherwise (``NEMOCASCADE_PROGRESS=0`` or a non-TTY stderr, as in CI)
+    a line per 10% on stderr. ``disable=True`` silences both. Other ``kw`` go to tqdm.
+    """
+    if isinstance(iterable_or_total, int):
+        iterable, total = None, iterable_or_total
+    else:
+        iterable = iterable_or_total
+        total = kw.pop("total", None)
+        if total is None and hasattr(iterable, "__len__"):
+            total = len(iterable)
+    if kw.get("disable"):
+        return tqdm.tqdm(iterable, desc=desc, total=total, **kw)
+    env = os.environ.get("NEMOCASCADE_PROGRESS")
+    bar = env == "1" or (env != "0" and sys.stderr.isatty())
+    if not bar:
+        return _LineProgress(iterable, desc, total, unit=kw.get("unit", "it"))
+    kw = {"dynamic_ncols": True, "mininterval": 1.0, **kw}
     return tqdm.tqdm(iterable, desc=desc, total=total, **kw)
-  env = os.environ.get("NEMOCASCADE_PROGRESS")
-  bar = env == "1" or (env != "0" and sys.stderr.isatty())
-  if not bar:
-    return _LineProgress(iterable, desc, total, unit=kw.get("unit", "it"))
-  kw = {"dynamic_ncols": True, "mininterval": 1.0, **kw}
-  return tqdm.tqdm(iterable, desc=desc, total=total, **kw)

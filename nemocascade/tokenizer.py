@@ -21,7 +21,6 @@ corpus may yield fewer pieces than requested: size embeddings from `Tokenizer.vo
 """
 
 import os
-import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from io import BytesIO
 
@@ -29,6 +28,7 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
+from nemocascade.files import atomic_write
 from nemocascade.chat import SPECIAL_TOKENS
 
 # "\n" is a symbol of its own: SentencePiece's trainer treats input as lines, and a newline piece that can
@@ -161,29 +161,11 @@ def _train_proto(texts: Iterable[str], vocab_size: int, model_type: str) -> byte
     return out.getvalue()
 
 
-def _write_atomic(path: str, data: bytes) -> None:
-    """Write to a temp file in the same directory then os.replace: readers never see a partial model."""
-    parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=parent)
-    try:
-        os.chmod(tmp, 0o644)  # mkstemp makes 0600; the cache is shared like any other run artefact
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def train_tokenizer(texts: Iterable[str], model_prefix: str, vocab_size: int,
                     model_type: str = "bpe") -> Tokenizer:
     """Train on `texts` (any iterable of str, consumed once) and write `{model_prefix}.model`."""
     proto = _train_proto(texts, vocab_size, model_type)
-    _write_atomic(model_prefix + ".model", proto)
+    atomic_write(model_prefix + ".model", proto)
     return Tokenizer.from_serialized(proto)
 
 
@@ -204,5 +186,5 @@ def load_or_train(path: str, corpus: Callable[[], Iterable[str]], vocab_size: in
                              f"requested ({vocab_size}, {model_type!r}); delete it or use another path")
         return tok
     proto = _train_proto(corpus(), vocab_size, model_type)
-    _write_atomic(path, proto)
+    atomic_write(path, proto)
     return Tokenizer.from_serialized(proto)

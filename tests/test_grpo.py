@@ -1,5 +1,7 @@
 """GRPO stage pieces: the jitted update (micro-batching == full batch, no-op when everything was
 filtered, the gradient of the pg term on a hand-checked case), batch building with filters, curriculum."""
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -125,3 +127,53 @@ def test_build_batch_cuts_all_padding_columns_in_buckets():
     assert b["tokens"][0].tolist() == list(range(16, 48))
     assert b["mask"].shape == (2, 31) and b["mask"].sum() == 10
     np.testing.assert_array_equal(b["mask"][0], mask[0, 0, 16:47])
+
+
+def test_kl_term_gradient_equals_hand_k3():
+    """objective = 0.5 * KL_k3(pi || pi_ref) only: the update is -0.5 * grad of the masked-mean k3
+    estimator exp(ref - logp) - (ref - logp) - 1, written out here with the model's log-probs."""
+    batch = _batch(n=4, seed=5)
+    params = init_params(CFG, jax.random.key(2))
+    ref = init_params(CFG, jax.random.key(3))
+    stage = _stage(objective=dict(pg=0.0, kl=0.5, entropy=0.0))
+    tx = optax.sgd(1.0)
+    state = train_state.create(params, tx, jax.random.key(0))
+    new, metrics = jax.jit(lambda s, b, r: grpo.grpo_step(s, b, r, model_cfg=CFG, tx=tx, stage=stage))(
+        state, batch, ref)
+
+    def logp_of(p):
+        lp = jax.nn.log_softmax(forward(p, CFG, batch["tokens"][:, :-1]))
+        return jnp.take_along_axis(lp, batch["tokens"][:, 1:, None], -1)[..., 0]
+
+    ref_lp = logp_of(ref)
+
+    def hand(p):
+        d = ref_lp - logp_of(p)
+        return 0.5 * jnp.sum(batch["mask"] * (jnp.exp(d) - d - 1)) / batch["mask"].sum()
+
+    g = jax.grad(hand)(params)
+    for p0, p1, gi in zip(jax.tree.leaves(params), jax.tree.leaves(new.params), jax.tree.leaves(g)):
+        np.testing.assert_allclose(np.asarray(p0 - p1), np.asarray(gi), atol=1e-6)
+    np.testing.assert_allclose(metrics["kl"], 2 * hand(params), rtol=1e-5)
+
+
+class _Ctx:
+    class cfg:  # noqa: N801  (the only field RolloutSource reads at construction)
+        seed = 0
+
+
+def test_rollout_source_epoch_filter_drops_solved_prompts_at_epoch_end():
+    records = [{"id": f"p{i}", "prompt": str(i), "domain": "math", "answer": "0"} for i in range(4)]
+    batches = iter([records[:2], records[2:]] * 10)
+    src = grpo.RolloutSource(_Ctx(), _stage(epoch_filter=True, readmit_hard=0.0, readmit_easy=0.0),
+                             batches, epoch_len=4)
+    assert [r["id"] for r in src.prompts(4)] == ["p0", "p1", "p2", "p3"]
+    # epoch 1 results: p0 always solved (easy), p1 never (hard), p2/p3 mixed
+    src.epoch_filter.update(["p0", "p1", "p2", "p3"], np.array([[1, 1], [0, 0], [1, 0], [0, 1]], np.float32))
+    src.epoch_filter.end_epoch()  # what prompts() does when `drawn` crosses an epoch boundary
+    assert [r["id"] for r in src.prompts(4)] == ["p2", "p3", "p2", "p3"]
+    state = src.state_dict()
+    clone = grpo.RolloutSource(_Ctx(), _stage(epoch_filter=True, readmit_hard=0.0, readmit_easy=0.0),
+                               iter([records[:2], records[2:]] * 10), epoch_len=4)
+    clone.load_state_dict(json.loads(json.dumps(state)))
+    assert clone.drawn == src.drawn and clone.epoch_filter.keep("p0") is False
