@@ -90,15 +90,18 @@ def test_build_batch_advantages_overlong_and_padding():
     a0 = [0.5 / (0.5 + eps), -0.5 / (0.5 + eps), -0.5 / (0.5 + eps), 0.5 / (0.5 + eps)]
     s1 = np.sqrt(0.1875)
     a1 = [0.25 / (s1 + eps)] * 2 + [-0.75 / (s1 + eps), 0.25 / (s1 + eps)]
-    b = grpo.build_batch(_groups(rewards, trunc), _stage(overlong="filter"), target=3)
+    b = grpo.build_batch(_groups(rewards, trunc), _stage(overlong="filter"), target=3, group_bucket=0)
     np.testing.assert_allclose(b["advantages"], a0 + a1 + [0] * 4, rtol=1e-6)
     assert b["mask"].shape == (12, 4)
     assert b["mask"].sum(1).tolist() == [4, 4, 0, 4] + [4] * 4 + [0] * 4  # truncated masked, pad zero
     # penalty: the truncated rollout gets reward 0 (already 0 here) and stays in the loss
     b = grpo.build_batch(_groups(rewards, trunc), _stage(overlong="penalty"), target=2)
     assert b["mask"].sum() == 8 * 4 and b["has_data"] == 1
-    empty = grpo.build_batch(_groups(rewards[:0], trunc[:0]), _stage(), target=2)
+    empty = grpo.build_batch(_groups(rewards[:0], trunc[:0]), _stage(), target=2, group_bucket=0)
     assert empty["has_data"] == 0 and empty["mask"].shape == (8, 4) and empty["mask"].sum() == 0
+    # default: pad only up to a multiple of group_bucket groups (4 here -> 2 groups + 2 zero groups)
+    b = grpo.build_batch(_groups(rewards, trunc), _stage(), target=16)
+    assert b["advantages"].shape == (16,) and b["mask"][8:].sum() == 0
 
 
 def test_length_curriculum_sub_stages():

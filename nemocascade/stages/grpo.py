@@ -163,8 +163,9 @@ class RolloutSource:
         return groups, {"generate_s": t1 - t0, "score_s": t2 - t1}
 
 
-def build_batch(groups, stage, target: int, bucket: int = 16):
-    """Group filters -> advantages -> flat training batch padded to `target` groups (zero weight).
+def build_batch(groups, stage, target: int, bucket: int = 16, group_bucket: int = 4):
+    """Group filters -> advantages -> flat training batch, padded with zero-weight groups up to a
+    multiple of `group_bucket` (at most `target`): filtered-out groups cost no training compute.
 
     Columns that are padding in every row (left of the longest prompt, right of the longest response)
     are cut, keeping widths multiples of `bucket` so only a few shapes are ever compiled."""
@@ -172,6 +173,7 @@ def build_batch(groups, stage, target: int, bucket: int = 16):
     adv = np.asarray(losses.group_advantages(jnp.asarray(rewards), stage.adv_eps))
     mask = groups["mask"] * loss_keep[..., None]
     P, G = rewards.shape
+    target = min(target, max(-(-P // group_bucket) * group_bucket, group_bucket)) if group_bucket else target
     pad = target - P
     padded = lambda x: np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) if pad else x  # noqa: E731
     flat = lambda x: padded(x).reshape(target * G, *x.shape[2:])  # noqa: E731
