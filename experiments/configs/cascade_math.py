@@ -33,10 +33,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if arg == "tiny":  # 2-digit add/sub so a 0.1M-param model gets off the ground in a minute
         math_tiny(c)
         c.data.domains.math.opts.update(max_digits=2, families={"add": 0.5, "sub": 0.5})
-        c.stages.sft.update(steps=300, checkpoint_every=100, eval_every=100, eval_n=64)
-        c.stages.grpo.update(steps=16, prompts_per_step=8, group_size=8, length_curriculum=((0, 48), (8, 64)),
-                             checkpoint_every=8, eval_every=8, eval_n=64, refill_rounds=1,
-                             optim=dict(lr=1e-3))
+        c.model.update(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=384)
+        c.stages.sft.update(steps=400, seq_len=80, checkpoint_every=100, eval_every=100, eval_n=64)
+        c.stages.grpo.update(steps=24, length_curriculum=((0, 64), (12, 80)), checkpoint_every=12,
+                             eval_every=12, eval_n=64)
     elif arg not in (None, ""):
         raise ValueError(f"cascade_math: unknown variant {arg!r}; known: tiny")
     return c
