@@ -30,10 +30,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
                    grad_clip=1.0))
     c.stage_order = ("sft", "grpo")
-    if arg == "tiny":  # 2-digit add/sub so a 0.1M-param model gets off the ground in a minute
+    if arg == "tiny":
         math_tiny(c)
-        c.data.domains.math.opts.update(max_digits=2, families={"add": 0.5, "sub": 0.5})
-        c.model.update(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=384)
         c.stages.sft.update(steps=400, seq_len=80, checkpoint_every=100, eval_every=100, eval_n=64)
         c.stages.grpo.update(steps=24, length_curriculum=((0, 64), (12, 80)), checkpoint_every=12,
                              eval_every=12, eval_n=64)

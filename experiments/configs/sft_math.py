@@ -19,7 +19,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.stage_order = ("sft",)
     if arg == "tiny":
         math_tiny(c)
-        c.stages.sft.update(steps=200, checkpoint_every=100, eval_every=100, eval_n=64)
+        c.stages.sft.update(steps=400, seq_len=80, checkpoint_every=100, eval_every=100, eval_n=64)
     elif arg not in (None, ""):
         raise ValueError(f"sft_math: unknown variant {arg!r}; known: tiny")
     return c
