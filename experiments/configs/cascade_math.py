@@ -18,13 +18,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.variant = arg
     c.data.domains.math.opts.teacher_error_rate = 0.6
     c.stages.sft = common.stage_config(
-        "sft", sft.DEFAULTS, domains=["math"], steps=600, batch_size=32, seq_len=128, checkpoint_every=100,
+        "sft", sft.DEFAULTS, domains=["math"], steps=700, batch_size=32, seq_len=128, checkpoint_every=100,
         eval_every=100, eval_n=128,
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=100, weight_decay=0.01, min_lr_frac=0.05))
     c.stages.grpo = common.stage_config(
-        "grpo", grpo.DEFAULTS, domains=["math"], steps=90, prompts_per_step=16, group_size=8,
-        length_curriculum=((0, 80), (45, 112)), checkpoint_every=15, eval_every=15, eval_n=128,
-        dynamic_filter=True, refill_rounds=2,
+        "grpo", grpo.DEFAULTS, domains=["math"], steps=120, prompts_per_step=16, group_size=8,
+        length_curriculum=((0, 80), (60, 112)), checkpoint_every=20, eval_every=20, eval_n=128,
+        dynamic_filter=True, refill_rounds=1,
         # Adam's first steps move every weight by ~lr: warm up from 0.1x or the SFT policy collapses
         # (measured: constant 1e-3 took reward 0.54 -> 0.34 in one step)
         optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
