@@ -8,17 +8,17 @@ Adding a stage kind = one module in `nemocascade/stages/` + one entry in `STAGE_
 """
 from __future__ import annotations
 
+import functools
 import os
 import time
 
 import jax
-import jax.numpy as jnp
 
 from nemocascade import chat, checkpoint, evaluation, plots
 from nemocascade.configs import stage_order
 from nemocascade.data import tfds_builder
 from nemocascade.mesh import make_mesh
-from nemocascade.models import ModelConfig, count_params, init_sharded, param_shapes, param_shardings
+from nemocascade.models import ModelConfig, count_params, init_params, init_sharded, param_shardings
 from nemocascade.rewards.pool import VerifierPool
 from nemocascade.run_log import RunLog
 from nemocascade.stages import common, grpo, sft
@@ -97,16 +97,20 @@ def run(cfg, workdir: str, config_name: str, variant: str | None = None) -> dict
     t_start = time.time()
     ctx = setup(cfg, workdir, config_name, variant)
     try:
+        params_fn = functools.partial(init_params, ctx.model_cfg)
         params = init_sharded(ctx.model_cfg, ctx.mesh, jax.random.key(cfg.seed))
         print(f"model: {count_params(params) / 1e6:.2f}M params, vocab {ctx.model_cfg.vocab_size}, "
               f"devices {ctx.mesh.shape}", flush=True)
-        abstract = checkpoint.abstract_like(_param_structs(ctx.model_cfg), ctx.param_shardings)
+        abstract = checkpoint.abstract_like(jax.eval_shape(params_fn, jax.random.key(0)), ctx.param_shardings)
+        done = None  # the last finished stage; its params are loaded once, when needed
         for name in stage_order(cfg):
             stage = cfg.stages[name]
             if ctx.log.stage_done(name):
-                params = checkpoint.load_params(_final_path(ctx, name), abstract)
-                print(f"[{name}] already done: loaded its final params", flush=True)
+                print(f"[{name}] already done", flush=True)
+                done = name
                 continue
+            if done is not None:
+                params, done = checkpoint.load_params(_final_path(ctx, done), abstract), None
             t0 = time.time()
             params = STAGE_KINDS[stage.kind](ctx, name, stage, params)
             checkpoint.save_params(_final_path(ctx, name), params)
@@ -120,12 +124,6 @@ def run(cfg, workdir: str, config_name: str, variant: str | None = None) -> dict
     finally:
         ctx.pool.close()
         ctx.log.close()
-
-
-def _param_structs(model_cfg: ModelConfig):
-    dtype = jnp.dtype(model_cfg.param_dtype)
-    return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s, dtype), param_shapes(model_cfg),
-                        is_leaf=lambda x: isinstance(x, tuple))
 
 
 def _report(ctx, name, scores):

@@ -14,9 +14,9 @@ from nemocascade.rewards import get_reward
 def generate(params, model_cfg, tokenizer, records, *, batch_size, max_prompt_len, max_new_tokens,
              rng, thinking=True, greedy=True, temperature=1.0, top_p=1.0, num_samples=1, mesh=None):
     """Completions (decoded text, think-prefix included in thinking mode) for `records`, in order,
-    `num_samples` per record (adjacent). Batches are padded to `batch_size` so one compiled sampler
-    serves every batch."""
-    texts = []
+    `num_samples` per record (adjacent), and their lengths in generated tokens. Batches are padded to
+    `batch_size` so one compiled sampler serves every batch."""
+    texts, lengths = [], []
     for start in range(0, len(records), batch_size):
         chunk = records[start:start + batch_size]
         prompts = [r["prompt"] for r in chunk]
@@ -28,9 +28,10 @@ def generate(params, model_cfg, tokenizer, records, *, batch_size, max_prompt_le
                               pad_id=tokenizer.pad_id, temperature=temperature, top_p=top_p,
                               greedy=greedy, num_samples=num_samples)
         n = len(chunk) * num_samples
-        tokens, mask = mesh_lib.to_host((out.tokens, out.mask))
+        tokens, mask, lens = mesh_lib.to_host((out.tokens, out.mask, out.lengths))
         texts += decode_responses(tokenizer, tokens[:n], mask[:n], thinking)
-    return texts
+        lengths += lens[:n].tolist()
+    return texts, lengths
 
 
 def decode_responses(tokenizer, tokens, mask, thinking: bool) -> list[str]:
@@ -55,9 +56,9 @@ def score_texts(pool, texts, records) -> list[float]:
 def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_prompt_len,
              max_new_tokens, rng, thinking=True, mesh=None):
     """Greedy pass@1 on `records` (each scored by its own domain's reward). Returns {"pass@1", "n", "mean_len"}."""
-    texts = generate(params, model_cfg, tokenizer, records, batch_size=batch_size,
+    texts, lengths = generate(params, model_cfg, tokenizer, records, batch_size=batch_size,
                      max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens, rng=rng,
                      thinking=thinking, mesh=mesh)
     scores = score_texts(pool, texts, records)
     return {"pass@1": float(np.mean(scores)) if scores else 0.0, "n": len(records),
-            "mean_len": float(np.mean([len(tokenizer.encode(t)) for t in texts])) if texts else 0.0}
+            "mean_len": float(np.mean(lengths)) if lengths else 0.0}

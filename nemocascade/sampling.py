@@ -34,12 +34,16 @@ def filter_logits(logits, temperature, top_p, top_k: int = 0):
     if top_k:
         kth = jax.lax.top_k(logits, top_k)[0][..., -1:]
         logits = jnp.where(logits < kth, -jnp.inf, logits)
-    sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
-    probs = jax.nn.softmax(sorted_logits, axis=-1)
-    mass_before = jnp.cumsum(probs, axis=-1) - probs
-    keep = (mass_before < top_p) | (top_p >= 1.0)
-    threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-    return jnp.where(logits < threshold, -jnp.inf, logits)
+
+    def nucleus(logits):
+        sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p
+        threshold = jnp.min(jnp.where(keep, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+        return jnp.where(logits < threshold, -jnp.inf, logits)
+
+    # top_p is traced (no recompile per value); the cond skips the vocab sort in every decode step at 1.0
+    return jax.lax.cond(top_p < 1.0, nucleus, lambda x: x, logits)
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "num_samples", "top_k", "greedy"))

@@ -152,12 +152,13 @@ class RolloutSource:
                              np.float32).reshape(len(records), G)
         t2 = time.perf_counter()
         P = len(records)
+        domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
         shape = lambda x: np.asarray(x).reshape(P, G, *np.shape(x)[1:])  # noqa: E731
         sampler_logp = np.concatenate([np.zeros_like(samples.prompts[:, 1:], np.float32), samples.logprobs], 1)
         groups = {"tokens": shape(tokens), "valid": shape(valid), "positions": shape(positions),
                   "mask": shape(rmask), "sampler_logp": shape(sampler_logp), "rewards": rewards,
                   "truncated": shape(samples.truncated), "lengths": shape(samples.lengths),
-                  "domain_idx": np.asarray([list(ctx.cfg.data.domains).index(r["domain"]) for r in records])}
+                  "domain_idx": np.asarray([domain_index[r["domain"]] for r in records])}
         if self.epoch_filter:
             self.epoch_filter.update([r["id"] for r in records], rewards)
         return groups, {"generate_s": t1 - t0, "score_s": t2 - t1}
