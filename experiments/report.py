@@ -24,7 +24,7 @@ def main():
     stages = [s["name"] for s in summaries[0]["stages"]]
     domain = next(iter(summaries[0]["stages"][0]["eval"]))
     n = summaries[0]["stages"][0]["eval"][domain]["n"]
-    lines = [f"| seed | " + " | ".join(f"{s} pass@1" for s in stages) + f" | gain | wall (min) |",
+    lines = ["| seed | " + " | ".join(f"{s} pass@1" for s in stages) + " | gain | wall (min) |",
              "|--:|" + "--:|" * (len(stages) + 2)]
     gains = []
     for s in summaries:
