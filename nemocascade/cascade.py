@@ -4,6 +4,12 @@
     run(cfg, workdir)                      for each stage: train (or skip if done), save its final
                                            params, evaluate *every* domain, write summary.json + plots
 
+Handoff between stages: a stage starts from the main line (the last finished stage that is not a side
+branch) or from the checkpoint its `init_from` names; `optimizer_policy` resets the optimiser (default) or
+keeps the start stage's Adam state; each stage's data iterator and RNG are seeded by its index in the run
+and checkpointed with it, so a run interrupted anywhere resumes in the right stage at the right step.
+Named checkpoints (stage finals, best held-out per domain) and the manifest: nemocascade/teachers.py.
+
 Adding a stage kind = one module in `nemocascade/stages/` + one entry in `STAGE_KINDS`.
 """
 from __future__ import annotations
@@ -14,17 +20,18 @@ import time
 
 import jax
 
-from nemocascade import chat, checkpoint, evaluation, plots
+from nemocascade import chat, checkpoint, evaluation, plots, teachers
 from nemocascade.configs import stage_order
 from nemocascade.data import tfds_builder
 from nemocascade.mesh import make_mesh
 from nemocascade.models import ModelConfig, count_params, init_params, init_sharded, param_shardings
 from nemocascade.rewards.pool import VerifierPool
 from nemocascade.run_log import RunLog
-from nemocascade.stages import common, grpo, sft
+from nemocascade.stages import common, grpo, mopd, sft
 from nemocascade.tokenizer import load_or_train
 
-STAGE_KINDS = {"sft": sft.run, "grpo": grpo.run}
+STAGE_KINDS = {"sft": sft.run, "grpo": grpo.run, "mopd": mopd.run}
+TEACHERS_OF = {"mopd": mopd.teacher_refs}  # stage kinds that distil from named checkpoints
 CURVE_KEYS = ("loss", "reward", "eval/math/pass@1")
 
 
@@ -46,6 +53,20 @@ def validate(cfg) -> None:
             if d not in cfg.data.domains:
                 raise ValueError(f"config.stages.{name}.domains names {d!r}, not in config.data.domains "
                                  f"({sorted(cfg.data.domains)})")
+        if stage.optimizer_policy not in common.OPTIMIZER_POLICIES:
+            raise ValueError(f"config.stages.{name}.optimizer_policy={stage.optimizer_policy!r}; "
+                             f"choose one of {common.OPTIMIZER_POLICIES}")
+        refs = {"init_from": stage.init_from} if stage.init_from else {}
+        if stage.kind in TEACHERS_OF:
+            refs |= {f"teachers.{d}": r for d, r in TEACHERS_OF[stage.kind](stage).items()}
+        earlier = order[:order.index(name)]
+        for key, ref in refs.items():
+            kind, _, target = ref.partition(":")
+            ok = (kind == "stage" and target in earlier) or (kind == "best" and target in cfg.data.domains)
+            if not ok:
+                raise ValueError(f"config.stages.{name}.{key}={ref!r}: expected 'stage:<an earlier stage>' "
+                                 f"(earlier: {earlier}) or 'best:<domain>' (domains: {sorted(cfg.data.domains)})")
+        common.stage_rewards(stage)  # unknown reward names fail here, not mid-run
     for key in ("batch_size", "max_prompt_len", "max_new_tokens"):
         if cfg.eval[key] <= 0:
             raise ValueError(f"config.eval.{key} must be > 0, got {cfg.eval[key]}")
@@ -97,28 +118,46 @@ def run(cfg, workdir: str, config_name: str, variant: str | None = None) -> dict
     t_start = time.time()
     ctx = setup(cfg, workdir, config_name, variant)
     try:
-        params_fn = functools.partial(init_params, ctx.model_cfg)
-        params = init_sharded(ctx.model_cfg, ctx.mesh, jax.random.key(cfg.seed))
-        print(f"model: {count_params(params) / 1e6:.2f}M params, vocab {ctx.model_cfg.vocab_size}, "
+        ckpt_dir = os.path.join(workdir, "checkpoints")
+        teachers.check_manifest(ckpt_dir, teachers.manifest(
+            cfg, common.stage_rewards, lambda st: TEACHERS_OF[st.kind](st) if st.kind in TEACHERS_OF else None))
+        ctx.registry = teachers.Registry(ckpt_dir)
+        init = init_sharded(ctx.model_cfg, ctx.mesh, jax.random.key(cfg.seed))
+        print(f"model: {count_params(init) / 1e6:.2f}M params, vocab {ctx.model_cfg.vocab_size}, "
               f"devices {ctx.mesh.shape}", flush=True)
-        abstract = checkpoint.abstract_like(jax.eval_shape(params_fn, jax.random.key(0)), ctx.param_shardings)
-        done = None  # the last finished stage; its params are loaded once, when needed
+        params_fn = functools.partial(init_params, ctx.model_cfg)
+        ctx.abstract_params = checkpoint.abstract_like(jax.eval_shape(params_fn, jax.random.key(0)),
+                                                       ctx.param_shardings)
+        main = None  # the last finished main-line stage: where the next stage starts by default
+        loaded = (None, init)  # (stage name, params) in memory, so a handoff does not reload from disk
         for name in stage_order(cfg):
             stage = cfg.stages[name]
             if ctx.log.stage_done(name):
                 print(f"[{name}] already done", flush=True)
-                done = name
+                main = main if stage.side_branch else name
                 continue
-            if done is not None:
-                params, done = checkpoint.load_params(_final_path(ctx, done), abstract), None
+            start = ctx.registry.stage_of(stage.init_from) if stage.init_from else main
+            if start != loaded[0]:
+                loaded = (start, checkpoint.load_params(ctx.registry.path(f"stage:{start}"), ctx.abstract_params))
+            ctx.start_stage = start
+            refs = TEACHERS_OF[stage.kind](stage) if stage.kind in TEACHERS_OF else None
+            teacher_stages = {d: f"stage:{ctx.registry.stage_of(r)}" for d, r in refs.items()} if refs else None
             t0 = time.time()
-            params = STAGE_KINDS[stage.kind](ctx, name, stage, params)
-            checkpoint.save_params(_final_path(ctx, name), params)
+            params = STAGE_KINDS[stage.kind](ctx, name, stage, loaded[1])
+            path = _final_path(ctx, name)
+            checkpoint.save_params(path, params)
             train_s = time.time() - t0
             scores = evaluate_all(ctx, params)
+            ctx.registry.add_stage(name, path, {d: s["pass@1"] for d, s in scores.items()}, stage.side_branch,
+                                   started_from=start)
+            extra = {"train_wall_s": train_s, "side_branch": bool(stage.side_branch), "started_from": start}
+            if teacher_stages:
+                extra["teacher_scores"] = {d: ctx.registry.score(t, d) for d, t in teacher_stages.items()}
             ctx.log.end_stage(name, stage.kind, list(stage.domains), int(stage.steps), time.time() - t0, scores,
-                              train_wall_s=train_s)
+                              teachers=teacher_stages, **extra)
             _report(ctx, name, scores)
+            if not stage.side_branch:
+                main, loaded = name, (name, params)
         ctx.log.finish(time.time() - t_start)
         return ctx.log.summary
     finally:

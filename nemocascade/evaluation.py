@@ -41,14 +41,16 @@ def decode_responses(tokenizer, tokens, mask, thinking: bool) -> list[str]:
     return [prefix + tokenizer.decode(t[m > 0].tolist()) for t, m in zip(tokens, mask)]
 
 
-def score_texts(pool, texts, records) -> list[float]:
-    """Each text scored by the reward of its record's domain, in the verifier pool; order kept."""
+def score_texts(pool, texts, records, rewards: dict | None = None) -> list[float]:
+    """Each text scored by the reward of its record's domain (`rewards[domain]` if given, else the domain's
+    registered reward), in the verifier pool; order kept."""
     scores = [0.0] * len(texts)
     by_domain = {}
     for i, r in enumerate(records):
         by_domain.setdefault(r["domain"], []).append(i)
     for domain, idx in by_domain.items():
-        for i, s in zip(idx, pool.score(get_reward(domain), [(texts[i], records[i]["answer"]) for i in idx])):
+        fn = (rewards or {}).get(domain) or get_reward(domain)
+        for i, s in zip(idx, pool.score(fn, [(texts[i], records[i]["answer"]) for i in idx])):
             scores[i] = s
     return scores
 

@@ -10,6 +10,8 @@ import pytest
 
 from nemocascade import train_state
 from nemocascade.models import ModelConfig, forward, init_params
+from nemocascade.rl import filters
+from nemocascade.rl.rollouts import RolloutSource
 from nemocascade.stages import common, grpo
 
 CFG = ModelConfig(vocab_size=17, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32)
@@ -168,16 +170,15 @@ class _Ctx:
 def test_rollout_source_epoch_filter_drops_solved_prompts_at_epoch_end():
     records = [{"id": f"p{i}", "prompt": str(i), "domain": "math", "answer": "0"} for i in range(4)]
     batches = iter([records[:2], records[2:]] * 10)
-    src = grpo.RolloutSource(_Ctx(), _stage(epoch_filter=True, readmit_hard=0.0, readmit_easy=0.0),
-                             batches, epoch_len=4)
+    src = RolloutSource(_Ctx(), _stage(), batches, epoch_len=4, epoch_filter=filters.EpochFilter(0.0, 0.0, 0))
     assert [r["id"] for r in src.prompts(4)] == ["p0", "p1", "p2", "p3"]
     # epoch 1 results: p0 always solved (easy), p1 never (hard), p2/p3 mixed
     src.epoch_filter.update(["p0", "p1", "p2", "p3"], np.array([[1, 1], [0, 0], [1, 0], [0, 1]], np.float32))
     src.epoch_filter.end_epoch()  # what prompts() does when `drawn` crosses an epoch boundary
     assert [r["id"] for r in src.prompts(4)] == ["p2", "p3", "p2", "p3"]
     state = src.state_dict()
-    clone = grpo.RolloutSource(_Ctx(), _stage(epoch_filter=True, readmit_hard=0.0, readmit_easy=0.0),
-                               iter([records[:2], records[2:]] * 10), epoch_len=4)
+    clone = RolloutSource(_Ctx(), _stage(), iter([records[:2], records[2:]] * 10), epoch_len=4,
+                          epoch_filter=filters.EpochFilter(0.0, 0.0, 0))
     clone.load_state_dict(json.loads(json.dumps(state)))
     assert clone.drawn == src.drawn and clone.epoch_filter.keep("p0") is False
 

@@ -62,7 +62,8 @@ SCRIPT = textwrap.dedent("""
     prompts = tokens[:, :5]
     lens = np.full((8,), 5, np.int32)
     kw = dict(max_new_tokens=6, eos_id=-1, greedy=True)
-    s_ref = sampling.sample(jax.device_put(single, cpu0), cfg, jnp.asarray(prompts), jnp.asarray(lens), jax.random.key(0), **kw)
+    s_ref = sampling.sample(jax.device_put(single, cpu0), cfg, jnp.asarray(prompts), jnp.asarray(lens),
+                            jax.random.key(0), **kw)
     pb = mesh_lib.shard_batch(mesh, {"p": prompts, "l": lens})
     s_out = sampling.sample(policy, cfg, pb["p"], pb["l"], jax.random.key(0), **kw)
     np.testing.assert_array_equal(np.asarray(s_out.tokens), np.asarray(s_ref.tokens))

@@ -14,14 +14,27 @@ from typing import Any, Callable
 import grain
 import jax
 import ml_collections
+import optax
 
 from nemocascade import checkpoint, evaluation, optim, train_state
 from nemocascade.configs import stage_order
 from nemocascade.mesh import replicated, shard_batch, to_host
 from nemocascade.models import ModelConfig
+from nemocascade.rewards import get_reward
 from nemocascade.run_log import RunLog, progress
 
-COMMON_DEFAULTS = dict(kind="", domains=("math",), steps=100, checkpoint_every=50, eval_n=64, eval_every=0)
+COMMON_DEFAULTS = dict(
+    kind="", domains=("math",), steps=100, checkpoint_every=50, eval_n=64, eval_every=0,
+    # Handoff (issue: "a cascade is a list of stage configs"). A stage starts from the main line's params
+    # (the last finished non-side-branch stage) unless `init_from` names a checkpoint ("stage:sft",
+    # "best:math"; see nemocascade/teachers.py). A `side_branch` stage does not advance the main line.
+    init_from="", side_branch=False,
+    # "reset": a fresh optimiser state; "keep": Adam moments from the stage this one starts from (its
+    # learning-rate schedule still starts at its own step 0)
+    optimizer_policy="reset",
+    rewards={},  # domain -> REWARDS key, overriding the domain's own reward for this stage's training
+)
+OPTIMIZER_POLICIES = ("reset", "keep")
 
 
 @dataclasses.dataclass
@@ -36,6 +49,9 @@ class RunContext:
     log: RunLog
     param_shardings: Any
     pool: Any  # rewards.pool.VerifierPool
+    registry: Any = None  # teachers.Registry: named checkpoints (stage finals, best per domain)
+    abstract_params: Any = None  # ShapeDtypeStructs with shardings, to load any named checkpoint
+    start_stage: str | None = None  # the stage whose params (and optimizer state) the current stage starts from
 
     def test_records(self, domain: str, n: int | None = None) -> list[dict]:
         src = self.sources[domain]["test"]
@@ -58,6 +74,14 @@ def stage_config(kind: str, kind_defaults: dict, **overrides) -> ml_collections.
             cfg[key] = value
     cfg.lock()
     return cfg
+
+
+def stage_rewards(stage) -> dict:
+    """domain -> reward function used to train `stage` (its `rewards` overrides, else the domain's own)."""
+    for d in stage.rewards:
+        if d not in stage.domains:
+            raise ValueError(f"stage rewards names domain {d!r}, not one of the stage's domains {list(stage.domains)}")
+    return {d: get_reward(stage.rewards.get(d, d)) for d in stage.domains}
 
 
 def stage_index(ctx: RunContext, name: str) -> int:
@@ -125,10 +149,31 @@ class Trainer:
             print(f"[{name}] resumed from checkpoint step {latest}", file=sys.stderr)
         else:
             self.state = jax.jit(lambda p: train_state.create(p, tx, rng), out_shardings=self.state_shardings)(params)
+            if stage.optimizer_policy == "keep" and ctx.start_stage is not None:
+                self.state = self.state.replace(opt_state=self._carried_opt_state(state_shape))
             ctx.log.truncate_after(name, -1)
         self._data_state = self._snapshot()
         self._step = jax.jit(step_fn, donate_argnums=0, out_shardings=(self.state_shardings, replicated(mesh)))
         self._bar = None
+
+    def _carried_opt_state(self, state_shape):
+        """optimizer_policy="keep": the optimiser state the start stage ended with (Adam moments and count),
+        with this stage's schedule counters reset so its warm-up and decay run from its own step 0."""
+        src = self.ctx.start_stage
+        prev = checkpoint.StageCheckpointer(os.path.join(self.ctx.workdir, "checkpoints", src))
+        try:
+            if prev.latest_step() is None:
+                raise FileNotFoundError(f"no checkpoint in {prev.directory}")
+            old, _ = prev.restore(checkpoint.abstract_like(state_shape, self.state_shardings))
+        except Exception as err:
+            raise ValueError(f"config.stages.{self.name}.optimizer_policy='keep': cannot take the optimiser state "
+                             f"of stage {src!r} ({type(err).__name__}: {err}). Both stages need the same optimiser "
+                             f"structure (grad_clip on/off, AdamW); use 'reset' otherwise.") from err
+        finally:
+            prev.close()
+        is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
+        return jax.tree.map(lambda new, o: new if is_sched(new) else o, self.state.opt_state, old.opt_state,
+                            is_leaf=is_sched)
 
     # -- the loop
     def steps(self):

@@ -27,11 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from nemocascade import evaluation, losses, sampling
+from nemocascade import losses
 from nemocascade.data import pipeline
-from nemocascade.mesh import shard_batch, to_host
 from nemocascade.models import forward
 from nemocascade.rl import filters
+from nemocascade.rl import rollouts as rollouts_lib
 from nemocascade.stages import common
 
 DEFAULTS = dict(
@@ -99,71 +99,6 @@ def grpo_step(state, batch, ref_params, *, model_cfg, tx, stage):
                          opt_state=pick(opt_state, state.opt_state)), metrics
 
 
-class RolloutSource:
-    """Draws prompts (skipping ones the C1 epoch filter dropped), samples G rollouts each, scores them."""
-
-    def __init__(self, ctx, stage, data_iter, epoch_len: int):
-        self.ctx, self.stage, self.data_iter, self.epoch_len = ctx, stage, data_iter, epoch_len
-        self.epoch_filter = (filters.EpochFilter(stage.readmit_hard, stage.readmit_easy, ctx.cfg.seed)
-                             if stage.epoch_filter else None)
-        self.drawn = 0
-        self._pending: list[dict] = []
-
-    def state_dict(self):
-        return {"drawn": self.drawn, "pending": self._pending,
-                "epoch_filter": self.epoch_filter.state_dict() if self.epoch_filter else None}
-
-    def load_state_dict(self, d):
-        self.drawn, self._pending = d["drawn"], d["pending"]
-        if self.epoch_filter and d.get("epoch_filter"):
-            self.epoch_filter.load_state_dict(d["epoch_filter"])
-
-    def prompts(self, n: int) -> list[dict]:
-        out = []
-        for _ in range(1000 * n):  # bounded even if the epoch filter dropped nearly everything
-            if len(out) == n:
-                break
-            if not self._pending:
-                self._pending = list(next(self.data_iter))
-            rec = self._pending.pop(0)
-            self.drawn += 1
-            if self.epoch_filter and self.drawn % self.epoch_len == 0:
-                self.epoch_filter.end_epoch()
-            if self.epoch_filter is None or self.epoch_filter.keep(rec["id"]):
-                out.append(rec)
-        return out
-
-    def rollouts(self, params, records, max_new: int, rng):
-        """Sample and score G rollouts per record. Returns (groups pytree with leading dim P, timings)."""
-        ctx, stage, G = self.ctx, self.stage, self.stage.group_size
-        t0 = time.perf_counter()
-        toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in records],
-                                             ctx.cfg.eval.max_prompt_len, thinking=ctx.cfg.thinking)
-        toks, lens = shard_batch(ctx.mesh, (toks, lens))
-        samples = sampling.sample(params, ctx.model_cfg, toks, lens, rng,
-                                  max_new_tokens=max_new, eos_id=ctx.tokenizer.eos_id, pad_id=ctx.tokenizer.pad_id,
-                                  temperature=stage.temperature, top_p=stage.top_p, top_k=stage.top_k,
-                                  num_samples=G)
-        tokens, valid, positions, rmask = to_host(sampling.sequences(samples))
-        samples = to_host(samples)
-        t1 = time.perf_counter()
-        texts = evaluation.decode_responses(ctx.tokenizer, samples.tokens, samples.mask, ctx.cfg.thinking)
-        rewards = np.asarray(evaluation.score_texts(ctx.pool, texts, [r for r in records for _ in range(G)]),
-                             np.float32).reshape(len(records), G)
-        t2 = time.perf_counter()
-        P = len(records)
-        domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
-        shape = lambda x: np.asarray(x).reshape(P, G, *np.shape(x)[1:])  # noqa: E731
-        sampler_logp = np.concatenate([np.zeros_like(samples.prompts[:, 1:], np.float32), samples.logprobs], 1)
-        groups = {"tokens": shape(tokens), "valid": shape(valid), "positions": shape(positions),
-                  "mask": shape(rmask), "sampler_logp": shape(sampler_logp), "rewards": rewards,
-                  "truncated": shape(samples.truncated), "lengths": shape(samples.lengths),
-                  "domain_idx": np.asarray([domain_index[r["domain"]] for r in records])}
-        if self.epoch_filter:
-            self.epoch_filter.update([r["id"] for r in records], rewards)
-        return groups, {"generate_s": t1 - t0, "score_s": t2 - t1}
-
-
 def build_batch(groups, stage, target: int, bucket: int = 16, group_bucket: int = 4):
     """Group filters -> advantages -> flat training batch, padded with zero-weight groups up to a
     multiple of `group_bucket` (at most `target`): filtered-out groups cost no training compute.
@@ -181,12 +116,7 @@ def build_batch(groups, stage, target: int, bucket: int = 16, group_bucket: int 
     batch = {"tokens": flat(groups["tokens"]), "valid": flat(groups["valid"]), "positions": flat(groups["positions"]),
              "mask": flat(mask.astype(np.float32)), "sampler_logp": flat(groups["sampler_logp"]),
              "advantages": flat(adv.astype(np.float32))}
-    used = np.flatnonzero(batch["valid"].any(0)) if P else np.arange(1)
-    width = batch["tokens"].shape[1]
-    lo = min(int(used[0]) // bucket * bucket, width - 2)
-    hi = min(width, lo + -(-(int(used[-1]) + 1 - lo) // bucket) * bucket)
-    batch = {k: v[:, lo:hi] if k in ("tokens", "valid", "positions") else v[:, lo:hi - 1] if v.ndim == 2 else v
-             for k, v in batch.items()}
+    batch = rollouts_lib.trim_columns(batch, bucket)
     return batch | {"has_data": np.float32(P > 0)}
 
 
@@ -201,7 +131,9 @@ def run(ctx: common.RunContext, name: str, stage, params):
     tx, schedule = common.optimizer(stage)
     source = common.mixture_source(ctx, stage.domains, "train")
     data_iter = iter(pipeline.prompt_dataset(source, B, seed=ctx.cfg.seed + common.stage_index(ctx, name)))
-    rollouts = RolloutSource(ctx, stage, data_iter, len(source))
+    epoch_filter = (filters.EpochFilter(stage.readmit_hard, stage.readmit_easy, ctx.cfg.seed)
+                    if stage.epoch_filter else None)
+    rollouts = rollouts_lib.RolloutSource(ctx, stage, data_iter, len(source), epoch_filter, common.stage_rewards(stage))
     ref = jax.tree.map(jnp.copy, params) if stage.objective.kl else None
     step_fn = functools.partial(grpo_step, model_cfg=ctx.model_cfg, tx=tx, stage=stage)
     trainer = common.Trainer(ctx, name, stage, params, tx, step_fn, data_iter=data_iter,

@@ -1,0 +1,105 @@
+"""On-policy rollouts shared by the RL stage kinds (GRPO, MOPD): draw prompts, sample G completions each
+from the current params with the jitted sampler, score them with each prompt's domain reward, and turn
+the samples into fixed-width training rows.
+
+    source = RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter=None, rewards=None)
+    groups, timings = source.rollouts(params, source.prompts(B), max_new_tokens, rng)
+    batch = trim_columns(flat_batch)     # cut all-padding columns, in buckets (few compiled shapes)
+
+`groups` holds arrays with leading dims [P, G]: tokens / valid / positions [P, G, L] (prompt + response),
+mask / sampler_logp [P, G, L-1] aligned with next-token targets, rewards, truncated, lengths [P, G], and
+domain_idx [P] (index into `ctx.cfg.data.domains`).
+"""
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from nemocascade import evaluation, sampling
+from nemocascade.data import pipeline
+from nemocascade.mesh import shard_batch, to_host
+
+
+class RolloutSource:
+    """Draws prompts (skipping ones the C1 epoch filter dropped), samples G rollouts each, scores them.
+
+    `rewards`: domain -> reward function for this stage (default: each domain's registered reward).
+    Its state (`state_dict`) goes into the stage checkpoint, so a resumed stage draws the same prompts."""
+
+    def __init__(self, ctx, stage, data_iter, epoch_len: int, epoch_filter=None, rewards=None):
+        self.ctx, self.stage, self.data_iter, self.epoch_len = ctx, stage, data_iter, epoch_len
+        self.epoch_filter, self.rewards = epoch_filter, rewards
+        self.drawn = 0
+        self._pending: list[dict] = []
+
+    def state_dict(self):
+        return {"drawn": self.drawn, "pending": self._pending,
+                "epoch_filter": self.epoch_filter.state_dict() if self.epoch_filter else None}
+
+    def load_state_dict(self, d):
+        self.drawn, self._pending = d["drawn"], d["pending"]
+        if self.epoch_filter and d.get("epoch_filter"):
+            self.epoch_filter.load_state_dict(d["epoch_filter"])
+
+    def prompts(self, n: int) -> list[dict]:
+        out = []
+        for _ in range(1000 * n):  # bounded even if the epoch filter dropped nearly everything
+            if len(out) == n:
+                break
+            if not self._pending:
+                self._pending = list(next(self.data_iter))
+            rec = self._pending.pop(0)
+            self.drawn += 1
+            if self.epoch_filter and self.drawn % self.epoch_len == 0:
+                self.epoch_filter.end_epoch()
+            if self.epoch_filter is None or self.epoch_filter.keep(rec["id"]):
+                out.append(rec)
+        return out
+
+    def rollouts(self, params, records, max_new: int, rng, score: bool = True):
+        """Sample and (if `score`) score G rollouts per record -> (groups with leading dim P, timings)."""
+        ctx, stage, G = self.ctx, self.stage, self.stage.group_size
+        t0 = time.perf_counter()
+        toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in records],
+                                             ctx.cfg.eval.max_prompt_len, thinking=ctx.cfg.thinking)
+        toks, lens = shard_batch(ctx.mesh, (toks, lens))
+        samples = sampling.sample(params, ctx.model_cfg, toks, lens, rng,
+                                  max_new_tokens=max_new, eos_id=ctx.tokenizer.eos_id, pad_id=ctx.tokenizer.pad_id,
+                                  temperature=stage.temperature, top_p=stage.top_p, top_k=stage.top_k,
+                                  num_samples=G)
+        tokens, valid, positions, rmask = to_host(sampling.sequences(samples))
+        samples = to_host(samples)
+        t1 = time.perf_counter()
+        P = len(records)
+        if score:
+            texts = evaluation.decode_responses(ctx.tokenizer, samples.tokens, samples.mask, ctx.cfg.thinking)
+            rewards = np.asarray(evaluation.score_texts(ctx.pool, texts, [r for r in records for _ in range(G)],
+                                                        self.rewards), np.float32).reshape(P, G)
+        else:
+            rewards = np.full((P, G), np.nan, np.float32)
+        t2 = time.perf_counter()
+        domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
+        shape = lambda x: np.asarray(x).reshape(P, G, *np.shape(x)[1:])  # noqa: E731
+        sampler_logp = np.concatenate([np.zeros_like(samples.prompts[:, 1:], np.float32), samples.logprobs], 1)
+        groups = {"tokens": shape(tokens), "valid": shape(valid), "positions": shape(positions),
+                  "mask": shape(rmask), "sampler_logp": shape(sampler_logp), "rewards": rewards,
+                  "truncated": shape(samples.truncated), "lengths": shape(samples.lengths),
+                  "domain_idx": np.asarray([domain_index[r["domain"]] for r in records])}
+        if self.epoch_filter and score:
+            self.epoch_filter.update([r["id"] for r in records], rewards)
+        return groups, {"generate_s": t1 - t0, "score_s": t2 - t1}
+
+
+def trim_columns(batch: dict, bucket: int = 16) -> dict:
+    """Cut the columns that are padding in every row (left of the longest prompt, right of the longest
+    response), keeping widths multiples of `bucket` so only a few shapes are ever compiled.
+    Keys tokens/valid/positions are [N, L]; other 2-D keys are [N, L-1] (next-token aligned)."""
+    used = np.flatnonzero(batch["valid"].any(0))
+    if used.size == 0:
+        used = np.arange(1)
+    width = batch["tokens"].shape[1]
+    lo = min(int(used[0]) // bucket * bucket, width - 2)
+    hi = min(width, lo + -(-(int(used[-1]) + 1 - lo) // bucket) * bucket)
+    return {k: v[:, lo:hi] if k in ("tokens", "valid", "positions") else v[:, lo:hi - 1] if v.ndim == 2 else v
+            for k, v in batch.items()}

@@ -1,0 +1,107 @@
+"""Named checkpoints of a run (the teacher registry) and the manifest that pins what a run means.
+
+MOPD's teachers come from the run itself (METHOD.md "MOPD"): the strongest validation checkpoint per
+domain, any stage's final params, or a *side branch* (a stage trained from a named checkpoint without
+advancing the main line, e.g. Cascade 2's RLHF teacher trained from SFT). Names:
+
+    stage:<name>     the final params of stage <name> (main line or side branch)
+    best:<domain>    the stage whose held-out score on <domain> is the highest so far (ties keep the
+                     earlier stage: Cascade 2's math teacher is the SFT checkpoint, not a later equal one)
+
+Stages are evaluated on every domain when they end (``cascade.evaluate_all``); those scores decide
+``best:*``. The registry lives in ``workdir/checkpoints/registry.json`` (rewritten atomically), so a
+resumed run resolves every name exactly as the interrupted one did.
+
+The manifest (``workdir/checkpoints/manifest.json``) records domain -> reward function and, per
+distillation stage, domain -> teacher name, as the run was configured when it first started. Resuming the
+same workdir with a different mapping would silently mix two experiments in one set of checkpoints, so
+:func:`check_manifest` refuses, naming the key that changed.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from nemocascade.files import atomic_write
+
+STAGE, BEST = "stage:", "best:"
+
+
+class Registry:
+    """`workdir/checkpoints/registry.json`: {"stages": {name: {...}}, "best": {domain: {...}}}."""
+
+    def __init__(self, checkpoint_dir: str):
+        self.dir = checkpoint_dir
+        self.file = os.path.join(checkpoint_dir, "registry.json")
+        self.data = {"stages": {}, "best": {}}
+        if os.path.exists(self.file):
+            with open(self.file) as f:
+                self.data = json.load(f)
+
+    def add_stage(self, name: str, params_path: str, scores: dict[str, float], side_branch: bool = False,
+                  started_from: str | None = None) -> None:
+        """Record stage `name`'s final params and held-out scores; update `best:<domain>`."""
+        self.data["stages"][name] = {"path": params_path, "scores": dict(scores), "side_branch": bool(side_branch),
+                                     "started_from": started_from}
+        for domain, score in scores.items():
+            best = self.data["best"].get(domain)
+            if best is None or score > best["score"]:
+                self.data["best"][domain] = {"stage": name, "score": float(score)}
+        os.makedirs(self.dir, exist_ok=True)
+        atomic_write(self.file, json.dumps(self.data, indent=2) + "\n")
+
+    def names(self) -> list[str]:
+        return [STAGE + s for s in self.data["stages"]] + [BEST + d for d in self.data["best"]]
+
+    def stage_of(self, ref: str) -> str:
+        """The stage a name refers to now (`best:math` -> e.g. `math_rl`). KeyError lists the known names."""
+        if ref.startswith(STAGE) and ref[len(STAGE):] in self.data["stages"]:
+            return ref[len(STAGE):]
+        if ref.startswith(BEST) and ref[len(BEST):] in self.data["best"]:
+            return self.data["best"][ref[len(BEST):]]["stage"]
+        hint = "" if ref.startswith((STAGE, BEST)) else f" (names start with {STAGE!r} or {BEST!r})"
+        raise KeyError(f"no checkpoint named {ref!r}{hint}; known so far: {self.names() or 'none'}")
+
+    def path(self, ref: str) -> str:
+        return self.data["stages"][self.stage_of(ref)]["path"]
+
+    def score(self, ref: str, domain: str) -> float | None:
+        return self.data["stages"][self.stage_of(ref)]["scores"].get(domain)
+
+
+def manifest(cfg, rewards_of, teachers_of) -> dict:
+    """What the run's checkpoints mean: domain -> reward (qualified function name) for the run's domains and
+    for every stage's own reward overrides, and domain -> teacher name per distillation stage.
+
+    `rewards_of(stage) -> {domain: fn}` and `teachers_of(stage) -> {domain: name} | None` come from the
+    driver, so this module stays free of stage kinds."""
+    def qualname(fn):
+        return f"{fn.__module__}.{fn.__qualname__}"
+
+    out = {"rewards": {}, "teachers": {}}
+    for name, stage in cfg.stages.items():
+        for domain, fn in rewards_of(stage).items():
+            out["rewards"][f"{name}/{domain}"] = qualname(fn)
+        t = teachers_of(stage)
+        if t:
+            out["teachers"][name] = dict(t)
+    return out
+
+
+def check_manifest(checkpoint_dir: str, current: dict) -> None:
+    """Write the manifest on the first start; on a resume, fail if any mapping differs from it."""
+    path = os.path.join(checkpoint_dir, "manifest.json")
+    if not os.path.exists(path):
+        os.makedirs(checkpoint_dir, exist_ok=True)
+        atomic_write(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
+        return
+    with open(path) as f:
+        saved = json.load(f)
+    for section in ("rewards", "teachers"):
+        old, new = saved.get(section, {}), current.get(section, {})
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                raise ValueError(
+                    f"{path}: this workdir was started with {section}[{key!r}] = {old.get(key)!r}, the config now "
+                    f"says {new.get(key)!r}. Resuming would mix two experiments in one set of checkpoints: use a "
+                    f"new --workdir, or restore the original mapping.")

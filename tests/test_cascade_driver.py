@@ -1,0 +1,79 @@
+"""The cascade driver on a 4-stage run (tiny math, few steps): main line, a side branch (more SFT from the SFT
+checkpoint) that does not advance it, an optimiser kept across a handoff, MOPD distilling from the side branch, the teacher registry and the
+manifest; and a resume that skips finished stages and refuses a changed teacher mapping."""
+import json
+
+import numpy as np
+import pytest
+
+import orbax.checkpoint as ocp
+
+from nemocascade import cascade, configs
+from nemocascade.stages import common, grpo, mopd, sft
+
+
+def _cfg():
+    c = configs.load("cascade_math:tiny")
+    c.eval.n = 16
+    c.stages.sft.update(steps=40, eval_every=0, checkpoint_every=40)
+    c.stages.grpo.update(steps=2, eval_every=0, length_curriculum=((0, 48),), prompts_per_step=4, group_size=4)
+    c.stages.branch = common.stage_config(  # more SFT from the SFT checkpoint, off the main line
+        "sft", sft.DEFAULTS, domains=["math"], steps=5, init_from="stage:sft", side_branch=True,
+        seq_len=80, checkpoint_every=5, optim=dict(lr=3e-3))
+    c.stages.distil = common.stage_config(
+        "mopd", mopd.DEFAULTS, domains=["math"], steps=2, teachers={"math": "stage:branch"}, prompts_per_step=4,
+        group_size=2, max_new_tokens=48, optimizer_policy="keep",
+        optim=dict(lr=1e-3, schedule="linear_warmup", warmup_steps=2, warmup_init=0.1))
+    c.stage_order = ("sft", "grpo", "branch", "distil")
+    return c
+
+
+def _embed(path):
+    with ocp.StandardCheckpointer() as ck:
+        return np.asarray(ck.restore(path)["embed"])
+
+
+def test_side_branch_keep_optimizer_mopd_and_resume(tmp_path):
+    wd = str(tmp_path / "run")
+    summary = cascade.run(_cfg(), wd, "driver_test")
+    stages = {s["name"]: s for s in summary["stages"]}
+    assert list(stages) == ["sft", "grpo", "branch", "distil"]
+    assert stages["branch"]["started_from"] == "sft" and stages["branch"]["side_branch"] is True
+    # the side branch did not advance the main line: MOPD starts from grpo
+    assert stages["distil"]["started_from"] == "grpo"
+    assert stages["distil"]["kind"] == "mopd" and stages["distil"]["teachers"] == {"math": "stage:branch"}
+    assert stages["distil"]["teacher_scores"]["math"] == stages["branch"]["eval"]["math"]["pass@1"]
+    rows = [json.loads(line) for line in open(f"{wd}/metrics.jsonl")]
+    distil = [r for r in rows if r["stage"] == "distil"]
+    assert len(distil) == 2 and all("reverse_kl/math" in r and "is_clip_frac" in r for r in distil)
+    assert distil[0]["lr"] == pytest.approx(1e-4) and distil[1]["lr"] == pytest.approx(1e-3 * 0.55)
+
+    reg = json.load(open(f"{wd}/checkpoints/registry.json"))
+    assert set(reg["stages"]) == {"sft", "grpo", "branch", "distil"}
+    best = max(stages, key=lambda n: (stages[n]["eval"]["math"]["pass@1"], -list(stages).index(n)))
+    assert reg["best"]["math"]["stage"] == best
+    # the branch trained from sft, not from grpo: its params differ from grpo's final params
+    assert not np.allclose(_embed(reg["stages"]["grpo"]["path"]), _embed(reg["stages"]["branch"]["path"]))
+
+    # resume: everything done -> no training; a changed teacher mapping is refused, naming the key
+    again = cascade.run(_cfg(), wd, "driver_test")
+    assert [s["name"] for s in again["stages"]] == ["sft", "grpo", "branch", "distil"]
+    c2 = _cfg()
+    c2.stages.distil.teachers.math = "best:math"
+    with pytest.raises(ValueError, match=r"teachers\['distil'\]"):
+        cascade.run(c2, wd, "driver_test")
+
+
+def test_validate_names_bad_handoff_keys():
+    c = _cfg()
+    c.stages.branch.init_from = "stage:distil"  # a later stage
+    with pytest.raises(ValueError, match=r"stages.branch.init_from='stage:distil'"):
+        cascade.validate(c)
+    c = _cfg()
+    c.stages.distil.optimizer_policy = "warm"
+    with pytest.raises(ValueError, match="optimizer_policy"):
+        cascade.validate(c)
+    c = _cfg()
+    c.stages.distil.teachers.math = "best:code"
+    with pytest.raises(ValueError, match="teachers.math='best:code'"):
+        cascade.validate(c)
