@@ -13,6 +13,10 @@ setup(
         "numpy", "tqdm", "matplotlib",
         "tensorboardX",   # TensorBoard event files without TensorFlow
         "math-verify",    # symbolic answer equivalence, fallback of the math verifier
+        "safetensors",    # models/hf.py: HF checkpoints in and out
+        "gguf", "tokenizers", "jinja2",  # models/gguf.py, hf_tokenizer.py: GGUF models, HF vocabularies, chat templates
     ],
-    extras_require={"test": ["pytest>=8"]},
+    # torch pinned exactly: install the CPU build (--index-url https://download.pytorch.org/whl/cpu), plain
+    # `pip install torch` pulls a multi-GB CUDA one; accelerate: transformers' GGUF loading needs it
+    extras_require={"test": ["pytest>=8", "torch==2.13.0", "transformers>=5", "safetensors", "accelerate"]},
 )

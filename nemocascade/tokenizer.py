@@ -23,6 +23,7 @@ corpus may yield fewer pieces than requested: size embeddings from `Tokenizer.vo
 import os
 from collections.abc import Callable, Iterable, Iterator
 from io import BytesIO
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import sentencepiece as spm
@@ -37,6 +38,23 @@ USER_SYMBOLS = (*SPECIAL_TOKENS, "\n")
 PAD_ID, UNK_ID, BOS_ID, SP_EOS_ID = 0, 1, 2, 3
 _SPACE_MARK = "\u2581"  # SentencePiece's internal whitespace marker "▁"
 _MAX_LINE_BYTES = 1 << 16  # longer lines are skipped by the trainer (default 4192 would drop long code)
+
+
+@runtime_checkable
+class TextTokenizer(Protocol):
+    """What pipelines, sampler and evaluation use of a tokenizer. Our SentencePiece `Tokenizer` and a real
+    checkpoint's vocabulary (`nemocascade.hf_tokenizer.HFTokenizer`) both provide it."""
+    vocab_size: int
+    pad_id: int
+    eos_id: int  # the id generation stops on
+
+    def encode(self, text: str) -> list[int]: ...  # no bos/eos added
+
+    def decode(self, ids) -> str: ...
+
+    def token_id(self, piece: str) -> int: ...
+
+    def id_to_piece(self, i: int) -> str: ...
 
 
 class Tokenizer:
