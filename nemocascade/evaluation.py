@@ -2,6 +2,8 @@
 domain's reward in the verifier pool, report pass@1 (mean reward) and n."""
 from __future__ import annotations
 
+import importlib
+
 import jax
 import numpy as np
 
@@ -64,3 +66,26 @@ def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_pro
     scores = score_texts(pool, texts, records)
     return {"pass@1": float(np.mean(scores)) if scores else 0.0, "n": len(records),
             "mean_len": float(np.mean(lengths)) if lengths else 0.0}
+
+
+# Real evaluation sets any config can name in `config.eval.sets` (name -> settings), evaluated after every
+# stage next to the run's own domains. Loaded lazily: "module:function" returning records whose `domain`
+# picks the reward (HumanEval -> code sandbox, IFBench -> instruction checkers).
+EVAL_SETS = {
+    "ifbench": "nemocascade.data.ifbench:records",
+    "humaneval": "nemocascade.data.humaneval:records",
+}
+
+
+def load_eval_set(name: str) -> list[dict]:
+    if name not in EVAL_SETS:
+        raise KeyError(f"unknown evaluation set {name!r}; known: {sorted(EVAL_SETS)}")
+    module, fn = EVAL_SETS[name].split(":")
+    return getattr(importlib.import_module(module), fn)()
+
+
+def fitting(tokenizer, records, max_prompt_len: int, thinking: bool = True) -> list[dict]:
+    """The records whose chat-rendered prompt fits in `max_prompt_len` tokens (real benchmark prompts can be
+    far longer than a tiny run's context; the caller reports how many were left out)."""
+    return [r for r in records
+            if len(tokenizer.encode(chat.render_prompt(r["prompt"], thinking=thinking))) <= max_prompt_len]

@@ -81,10 +81,16 @@ def plot_metric_curves(
     _save(fig, out_png)
 
 
+def _rows(summary: dict) -> list[dict]:
+    """The stages, preceded by the starting model's evaluation when the run made one (`summary["init"]`)."""
+    init = summary.get("init")
+    return ([{"name": "init", "eval": init["eval"]}] if init else []) + summary["stages"]
+
+
 def _domains(summary: dict) -> list[str]:
     """Eval domains in order of first appearance across the stages."""
     seen: dict[str, None] = {}
-    for stage in summary["stages"]:
+    for stage in _rows(summary):
         for domain in stage["eval"]:
             seen.setdefault(domain, None)
     return list(seen)
@@ -95,7 +101,7 @@ def plot_eval_by_stage(summary: dict, out_png: str) -> None:
 
     A domain not evaluated after some stage leaves a gap there.
     """
-    stages = summary["stages"]
+    stages = _rows(summary)
     if not stages:
         raise ValueError("summary has no stages to plot")
     names = [s["name"] for s in stages]
@@ -122,7 +128,7 @@ def eval_table_markdown(summary: dict) -> str:
     Example: ``| stage | math (n=500) |`` / ``|:--|--:|`` / ``| sft | 42.0 |``.
     """
     domains = _domains(summary)
-    stages = summary["stages"]
+    stages = _rows(summary)
     ns = {d: {s["eval"][d]["n"] for s in stages if d in s["eval"]} for d in domains}
     header = ["stage"] + [f"{d} (n={next(iter(ns[d]))})" if len(ns[d]) == 1 else d for d in domains]
     lines = ["| " + " | ".join(header) + " |", "|:--|" + "--:|" * len(domains)]

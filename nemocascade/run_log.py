@@ -302,6 +302,11 @@ class RunLog:
         self._write_summary()
         return entry
 
+    def set_init(self, eval: dict[str, dict], wall_s: float) -> None:
+        """The starting model's held-out scores (before any stage), as ``summary["init"]``."""
+        self.summary["init"] = {"eval": eval, "wall_s": float(wall_s)}
+        self._write_summary()
+
     def finish(self, total_wall_s: float) -> None:
         self.summary["total_wall_s"] = float(total_wall_s)
         self._write_summary()

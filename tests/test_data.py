@@ -50,7 +50,7 @@ def _record(i, prompt="1+2", reasoning="r", response="\\boxed{3}"):
 
 def test_get_domain_unknown_lists_known():
     assert registry.get_domain("math").name == "math"
-    with pytest.raises(KeyError, match=r"unknown domain 'chess'.*\['math'"):
+    with pytest.raises(KeyError, match=r"unknown domain 'chess'; known domains: \[.*'math'"):
         registry.get_domain("chess")
 
 

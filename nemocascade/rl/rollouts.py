@@ -62,7 +62,8 @@ class RolloutSource:
         ctx, stage, G = self.ctx, self.stage, self.stage.group_size
         t0 = time.perf_counter()
         toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in records],
-                                             ctx.cfg.eval.max_prompt_len, thinking=ctx.cfg.thinking)
+                                             stage.max_prompt_len or ctx.cfg.eval.max_prompt_len,
+                                             thinking=ctx.cfg.thinking)
         toks, lens = shard_batch(ctx.mesh, (toks, lens))
         samples = sampling.sample(params, ctx.model_cfg, toks, lens, rng,
                                   max_new_tokens=max_new, eos_id=ctx.tokenizer.eos_id, pad_id=ctx.tokenizer.pad_id,

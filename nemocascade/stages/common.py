@@ -52,6 +52,8 @@ class RunContext:
     registry: Any = None  # teachers.Registry: named checkpoints (stage finals, best per domain)
     abstract_params: Any = None  # ShapeDtypeStructs with shardings, to load any named checkpoint
     start_stage: str | None = None  # the stage whose params (and optimizer state) the current stage starts from
+    pretrained: Any = None  # params of config.pretrained, until the driver takes them as the run's start
+    eval_sets: dict = dataclasses.field(default_factory=dict)  # name -> (records, number left out as too long)
 
     def test_records(self, domain: str, n: int | None = None) -> list[dict]:
         src = self.sources[domain]["test"]
@@ -109,15 +111,19 @@ def quick_eval(ctx: RunContext, params, stage) -> dict[str, float]:
     out = {}
     for domain in stage.domains:
         res = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, ctx.test_records(domain, stage.eval_n),
-                                         ctx.pool, rng=jax.random.key(0), **eval_settings(ctx))
+                                         ctx.pool, rng=jax.random.key(0), **eval_settings(ctx, domain))
         out[f"eval/{domain}/pass@1"] = res["pass@1"]
     return out
 
 
-def eval_settings(ctx: RunContext) -> dict:
+def eval_settings(ctx: RunContext, domain: str | None = None) -> dict:
+    """Sampling settings of held-out evaluation: `config.eval`, where a domain's data config may raise
+    `max_prompt_len` / `max_new_tokens` (long-context inputs)."""
     e = ctx.cfg.eval
-    return dict(batch_size=e.batch_size, max_prompt_len=e.max_prompt_len, max_new_tokens=e.max_new_tokens,
-                thinking=ctx.cfg.thinking, mesh=ctx.mesh)
+    out = dict(batch_size=e.batch_size, max_prompt_len=e.max_prompt_len, max_new_tokens=e.max_new_tokens,
+               thinking=ctx.cfg.thinking, mesh=ctx.mesh)
+    dc = ctx.cfg.data.domains.get(domain) if domain else None
+    return out | {k: dc[k] for k in ("max_prompt_len", "max_new_tokens") if dc is not None and dc.get(k)}
 
 
 class Trainer:
@@ -128,12 +134,15 @@ class Trainer:
     """
 
     def __init__(self, ctx: RunContext, name: str, stage, params, tx, step_fn: Callable, data_iter=None,
-                 extra_state_fns: tuple[Callable, Callable] | None = None):
+                 extra_state_fns: tuple[Callable, Callable] | None = None, param_shardings=None):
+        """`param_shardings`: shardings of `params` when they are not the policy's (e.g. a reward model);
+        default `ctx.param_shardings`."""
         self.ctx, self.name, self.stage, self.data_iter = ctx, name, stage, data_iter
         mesh = ctx.mesh
         rng = jax.random.fold_in(jax.random.key(ctx.cfg.seed), stage_index(ctx, name))
         state_shape = jax.eval_shape(lambda p: train_state.create(p, tx, rng), params)
-        self.state_shardings = train_state.shardings(state_shape, ctx.param_shardings, mesh)
+        shardings = ctx.param_shardings if param_shardings is None else param_shardings
+        self.state_shardings = train_state.shardings(state_shape, shardings, mesh)
         self.ckpt = checkpoint.StageCheckpointer(os.path.join(ctx.workdir, "checkpoints", name),
                                                  save_interval_steps=max(int(stage.checkpoint_every), 1))
         self._extra = extra_state_fns  # (get, set) of extra host state to checkpoint (e.g. filters)

@@ -35,6 +35,7 @@ from nemocascade.rl import rollouts as rollouts_lib
 from nemocascade.stages import common
 
 DEFAULTS = dict(
+    max_prompt_len=0,  # 0: config.eval.max_prompt_len; long-context stages raise it
     prompts_per_step=16, group_size=8, micro_batches=1,
     length_curriculum=((0, 96),),  # (start_step, max_new_tokens) sub-stages, C1 math RL style
     temperature=1.0, top_p=1.0, top_k=0,

@@ -36,6 +36,7 @@ from nemocascade.rl import rollouts as rollouts_lib
 from nemocascade.stages import common
 
 DEFAULTS = dict(
+    max_prompt_len=0,  # 0: config.eval.max_prompt_len; long-context stages raise it
     prompts_per_step=16, group_size=4, max_new_tokens=96, temperature=1.0, top_p=1.0, top_k=0,
     teachers={},  # domain -> checkpoint name; a domain not listed uses "best:<domain>"
     objective="mopd", is_low=0.5, is_high=2.0, gjsd_beta=0.5, log_reward=True,
