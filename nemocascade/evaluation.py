@@ -73,7 +73,7 @@ def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_pro
 # picks the reward (HumanEval -> code sandbox, IFBench -> instruction checkers).
 EVAL_SETS = {
     "ifbench": "nemocascade.data.ifbench:records",
-    "humaneval": "nemocascade.data.humaneval:records",
+    "humaneval": "nemocascade.data.humaneval:load",
 }
 
 

@@ -1,6 +1,7 @@
 """The cascade driver on a 4-stage run (tiny math, few steps): main line, a side branch (more SFT from the SFT
-checkpoint) that does not advance it, an optimiser kept across a handoff, MOPD distilling from the side branch, the teacher registry and the
-manifest; and a resume that skips finished stages and refuses a changed teacher mapping."""
+checkpoint) that does not advance it, an optimiser kept across a handoff, MOPD distilling from the side branch,
+the teacher registry and the manifest; and a resume that skips finished stages and refuses a changed teacher
+mapping."""
 import json
 
 import numpy as np
@@ -9,7 +10,7 @@ import pytest
 import orbax.checkpoint as ocp
 
 from nemocascade import cascade, configs
-from nemocascade.stages import common, grpo, mopd, sft
+from nemocascade.stages import common, mopd, sft
 
 
 def _cfg():

@@ -2,6 +2,12 @@
 
     registry.py      DomainSpec, DOMAINS, register_domain, get_domain, split_of, generate_split
     math.py          procedural arithmetic with an imperfect teacher (registers "math")
+    code.py humaneval.py  procedural one-line functions (registers "code"); HumanEval as a "code" eval set
+    instruct.py      procedural instruction following with a slipping teacher (registers "if")
+    reasoning_gym.py reasoning-gym's procedural math datasets (registers "rg_math")
+    ifbench.py       the real IFBench prompts mapped onto our constraint families (evaluation only)
+    mcq.py structured.py tool.py longctx.py swe.py   multi-domain, long-context and SWE RL domains
+    preference.py    chat preference pairs for RLHF with a reward model (registers "pref")
     tfds_builder.py  prepare(): build once to array_record, read back as str records
     pipeline.py      sft_dataset, prompt_dataset, encode_prompts
 
@@ -9,6 +15,11 @@ Importing this package registers every built-in domain.
 """
 
 from nemocascade.data import math  # noqa: F401  (registers the "math" domain)
+from nemocascade.data import code  # noqa: F401  (registers the "code" domain)
+from nemocascade.data import instruct  # noqa: F401  (registers the "if" domain)
+from nemocascade.data import reasoning_gym  # noqa: F401  (registers the "rg_math" domain)
+from nemocascade.data import longctx, mcq, structured, swe, tool  # noqa: F401  (mcq json tool longctx swe)
+from nemocascade.data import preference  # noqa: F401  (registers the "pref" domain)
 from nemocascade.data.registry import (DOMAINS, RECORD_KEYS, DomainSpec, generate_split,
                                        get_domain, register_domain, split_of)
 

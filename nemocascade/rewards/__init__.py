@@ -8,10 +8,17 @@ never raises. Adding a domain = one module + one entry.
 
 from collections.abc import Callable
 
-from nemocascade.rewards import math
+from nemocascade.rewards import code, instruct, math
+from nemocascade.rewards import mcq, pref, structured, swe, tool
 
 REWARDS: dict[str, Callable[[str, str], float]] = {
     "math": math.score,
+    "code": code.score,
+    "if": instruct.score,
+    "rg_math": math.score,  # reasoning-gym answers are numbers / fractions: the boxed-answer verifier
+    "mcq": mcq.score, "json": structured.score, "tool": tool.score, "longctx": math.score,  # longctx: boxed number
+    "swe": swe.agentless_score, "swe_exec": swe.execution_score,
+    "pref": pref.score,  # evaluation only: a rule-based proxy judge; RLHF trains on the learned RM (rewards/rm.py)
 }
 
 

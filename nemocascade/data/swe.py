@@ -1,0 +1,191 @@
+"""Procedural SWE repair (C2 "SWE RL"): fix one bug in a small Python function, given a failing test.
+
+Two function templates over a list, each in four variants (above/below x sum/count, max/min x
+value/index), with one injected bug from four families:
+
+    bound    loop stops one early          range(len(xs))   -> range(len(xs) - 1)
+    compare  comparison reversed           xs[i] > 4        -> xs[i] < 4
+    arith    wrong arithmetic operator     total = total + xs[i] -> total = total - xs[i]
+    return   wrong variable returned       return total     -> return count
+
+    prompt:    "Fix the bug.\\n```python\\n<buggy function>\\n```\\nFailing: assert sum_above([3, 7, 2]) == 7, got 0"
+    reasoning: "The comparison is reversed: < should be >."
+    response:  "```python\\n<fixed function>\\n```"
+    answer:    '{"fix": <golden code>, "buggy": <buggy code>, "tests": [<shown test>, <2 hidden tests>]}'
+
+``rewards/swe.py`` scores a response against ``answer`` two ways: agentless (similarity to the golden
+fix, C1) and by execution of ``tests`` (agentic stage).
+
+**Imperfect teacher.** With probability ``teacher_error_rate`` the teacher repairs the right line
+the wrong way, on the ``bound`` and ``compare`` families only (the others are always right): it
+*shifts* a short loop instead of widening it (``range(len(xs) - 1)`` -> ``range(1, len(xs))``) and
+treats a reversed comparison as a boundary error (``<`` -> ``<=`` where ``>`` is right). Its patch is
+close to the golden one (agentless similarity in (0, 1), about 0.99) and may pass the shown test, but
+the first hidden test is drawn to tell the slip from the fix, so its execution reward is 0.
+
+Length: the longest of the short domains, since the response is the whole function: prompt ~43 words /
+~110 tokens, reasoning + response ~38 words / ~85 tokens (SentencePiece vocab 1000, chat template included).
+
+Held-out split: by the buggy function's code, which determines the problem (the tests are drawn).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from nemocascade.data.registry import DomainSpec, register_domain, split_of
+
+DOMAIN = "swe"
+LIST_NAMES = ("xs", "nums", "vals", "data")
+BUGS = ("bound", "compare", "arith", "return")
+MIRROR = {">": "<", "<": ">"}
+
+ACCUMULATE = """def {f}({xs}):
+    total = 0
+    count = 0
+    for i in {range}:
+        if {xs}[i] {cmp} {k}:
+            total = total {op_total} {xs}[i]
+            count = count {op_count} 1
+    return {ret}"""
+ARGBEST = """def {f}({xs}):
+    best = {xs}[0]
+    pos = 0
+    for i in {range}:
+        if {xs}[i] {cmp} best:
+            best = {xs}[i]
+            pos = i
+    return {ret}"""
+# name -> (template, golden slots that differ by variant); both templates loop with `range`.
+FUNCTIONS = {
+    "sum_above": (ACCUMULATE, {"cmp": ">", "ret": "total"}),
+    "sum_below": (ACCUMULATE, {"cmp": "<", "ret": "total"}),
+    "count_above": (ACCUMULATE, {"cmp": ">", "ret": "count"}),
+    "count_below": (ACCUMULATE, {"cmp": "<", "ret": "count"}),
+    "max_value": (ARGBEST, {"cmp": ">", "ret": "best"}),
+    "min_value": (ARGBEST, {"cmp": "<", "ret": "best"}),
+    "max_index": (ARGBEST, {"cmp": ">", "ret": "pos"}),
+    "min_index": (ARGBEST, {"cmp": "<", "ret": "pos"}),
+}
+OTHER_VAR = {"total": "count", "count": "total", "best": "pos", "pos": "best"}
+
+
+def _golden_slots(name: str, xs: str) -> dict[str, str]:
+    template, slots = FUNCTIONS[name]
+    start = "" if template is ACCUMULATE else "1, "
+    return {"range": f"range({start}len({xs}))", "op_total": "+", "op_count": "+", **slots}
+
+
+def _bug_slots(rng, name: str, xs: str, bug: str, golden: dict) -> tuple[dict, dict | None, str, str | None]:
+    """(buggy slots, teacher-slip slots or None, right diagnosis, slipped diagnosis or None)."""
+    if bug == "bound":
+        start = 0 if FUNCTIONS[name][0] is ACCUMULATE else 1
+        lo = f"{start}, " if start else ""
+        bad, slip = f"range({lo}len({xs}) - 1)", f"range({start + 1}, len({xs}))"
+        return ({"range": bad}, {"range": slip}, f"The loop skips the last item: {bad} should be {golden['range']}.",
+                f"The loop skips an item: {bad} should be {slip}.")
+    if bug == "compare":
+        good, bad = golden["cmp"], MIRROR[golden["cmp"]]
+        slip = bad + "="  # the slip: a boundary fix of a reversed comparison
+        return ({"cmp": bad}, {"cmp": slip}, f"The comparison is reversed: {bad} should be {good}.",
+                f"The comparison misses equality: {bad} should be {slip}.")
+    if bug == "arith":
+        slot = "op_total" if golden["ret"] == "total" else "op_count"
+        bad = "-" if rng.random() < 0.5 else "*"
+        return {slot: bad}, None, f"The {golden['ret']} update uses {bad} instead of +.", None
+    if bug == "return":
+        bad = OTHER_VAR[golden["ret"]]
+        return {"ret": bad}, None, f"It returns {bad} instead of {golden['ret']}.", None
+    raise ValueError(f"unknown bug family {bug!r}; known: {BUGS}")
+
+
+def _function(code: str, name: str):
+    namespace: dict = {}
+    exec(compile(code, f"<{name}>", "exec"), namespace)  # our own generated code, not model output
+    return namespace[name]
+
+
+def _run(fn, xs: list[int]):
+    try:
+        return fn(list(xs))
+    except Exception as e:  # a buggy index can raise; the test then fails with that error
+        return type(e).__name__
+
+
+def _case(rng) -> list[int]:
+    return [int(v) for v in rng.integers(0, 10, int(rng.integers(3, 7)))]
+
+
+def _distinguishing(rng, good, bad, tries: int = 200) -> list[int] | None:
+    """A drawn input on which ``bad`` returns something other than ``good``; None if none in ``tries``."""
+    for _ in range(tries):
+        case = _case(rng)
+        if _run(good, case) != _run(bad, case):
+            return case
+    return None
+
+
+def code_block(code: str) -> str:
+    return f"```python\n{code}\n```"
+
+
+def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
+             teacher_error_rate: float = 0.0, bugs: tuple[str, ...] = BUGS, test_every: int = 10) -> list[dict]:
+    """``n`` SWE repair records (registry contract), deterministic given ``rng`` and the options.
+
+    Args:
+        split: keep only problems with ``split_of(buggy_code, test_every) == split`` (``None``: all).
+        teacher_error_rate: probability of the teacher's wrong repair on ``bound``/``compare`` bugs.
+        bugs: bug families to draw from, uniformly (default all four).
+    """
+    if not 0.0 <= teacher_error_rate <= 1.0:
+        raise ValueError(f"teacher_error_rate must be in [0, 1], got {teacher_error_rate}")
+    if split not in ("train", "test", None):
+        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+    unknown = sorted(set(bugs) - set(BUGS))
+    if unknown or not bugs:
+        raise ValueError(f"bugs must be a non-empty subset of {BUGS}, got {bugs}")
+    bugs = sorted(set(bugs))
+    records, attempts = [], 0
+    while len(records) < n:
+        attempts += 1
+        if attempts > 100 * n * test_every + 1000:
+            raise ValueError(f"found only {len(records)} of {n} swe problems for split {split!r}")
+        bug = bugs[int(rng.integers(len(bugs)))]
+        names = sorted(f for f, (t, _) in FUNCTIONS.items() if bug != "arith" or t is ACCUMULATE)
+        name = names[int(rng.integers(len(names)))]
+        xs = LIST_NAMES[int(rng.integers(len(LIST_NAMES)))]
+        template = FUNCTIONS[name][0]
+        k = int(rng.integers(1, 9))
+        golden = _golden_slots(name, xs)
+        bad, slip, why, slip_why = _bug_slots(rng, name, xs, bug, golden)
+        fill = dict(f=name, xs=xs, k=k)
+        fix, buggy = template.format(**fill, **golden), template.format(**fill, **{**golden, **bad})
+        slipped_code = template.format(**fill, **{**golden, **slip}) if slip else None
+        if split is not None and split_of(buggy, test_every) != split:
+            continue
+        # Tests: the shown one fails the buggy code, the first hidden one the slip (when there is one).
+        fns = {c: _function(c, name) for c in (fix, buggy, slipped_code) if c is not None}
+        shown = _distinguishing(rng, fns[fix], fns[buggy])
+        caught = _distinguishing(rng, fns[fix], fns[slipped_code]) if slip else _case(rng)
+        if shown is None or caught is None:
+            continue  # no telling input drawn (rare); draw another problem
+        cases = [shown, caught, _case(rng)]
+        tests = [f"assert {name}({case}) == {_run(fns[fix], case)}" for case in cases]
+        slipped = bool(rng.random() < teacher_error_rate) and slip is not None
+        records.append({
+            "domain": DOMAIN,
+            "prompt": f"Fix the bug.\n{code_block(buggy)}\nFailing: {tests[0]}, got {_run(fns[buggy], shown)}",
+            "reasoning": slip_why if slipped else why,
+            "response": code_block(slipped_code if slipped else fix),
+            "answer": json.dumps({"fix": fix, "buggy": buggy, "tests": tests}),
+            "id": f"{DOMAIN}/{split or 'all'}/{len(records)}/{bug}/{name}",
+        })
+    return records
+
+
+register_domain(DomainSpec(
+    name=DOMAIN, generate=generate, version="1",
+    description="SWE repair: fix one injected bug in a small function (teacher mis-repairs some bugs)"))

@@ -1,0 +1,69 @@
+"""Code reward: 1.0 iff the program in the final response passes all of the problem's unit tests.
+
+METHOD.md "Rewards per domain": code scores 1 iff all unit tests pass (strict binary), and model-written
+code runs in a sandbox (:mod:`nemocascade.sandbox`: namespaces, an unprivileged uid, resource limits
+and an audit hook; see there).
+
+Pipeline of :func:`score` (any failure, exception included, scores 0.0):
+
+1. Final text: ``nemocascade.chat.strip_think`` (an unfinished think block has no answer -> 0).
+2. Code: the body of the LAST fenced block tagged ``python``/``py``/``python3`` or untagged; the whole
+   final text when there is no such block.
+3. Ground truth ``answer`` is a JSON object ``{"tests": str, "entry_point": str, "prompt": str?}``.
+   ``prompt`` (HumanEval) is the function header + docstring the model was asked to complete: it goes
+   in front of the code, so a bare function body completes it and a full definition replaces it.
+4. ``prompt + code + "\\n\\n" + tests`` runs in one sandboxed process; exit status 0 within the limits
+   -> 1.0.
+
+:data:`SCORE_TIMEOUT_S` bounds one sandboxed run; keep a ``VerifierPool`` timeout above it (sandbox
+start-up is ~0.1 s), or the pool kills the worker first (the sandbox then dies with it).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+
+from nemocascade import sandbox
+from nemocascade.chat import strip_think
+
+SCORE_TIMEOUT_S = 3.0
+# ```python ... ``` (or ```py / ```python3 / bare ```); the closing fence must start a line.
+_FENCE_RE = re.compile(r"```(?:python3?|py)?[ \t]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE | re.IGNORECASE)
+
+
+def passes_tests(program: str, tests: str | Sequence[str], timeout_s: float = 5.0) -> bool:
+    """True iff ``program`` followed by ``tests`` exits with status 0 in the sandbox within ``timeout_s``
+    (wall clock) and the default memory/CPU/output limits.
+
+    ``tests``: Python source (e.g. asserts), or a sequence of source lines, joined with newlines. Anything
+    else is a TypeError (formatting a list into the program would run nothing and pass).
+    """
+    if not isinstance(tests, str):
+        if not all(isinstance(t, str) for t in tests):
+            raise TypeError(f"tests must be source text or a sequence of source lines, got {tests!r:.80}")
+        tests = "\n".join(tests)
+    return sandbox.run_python(f"{program}\n\n{tests}\n", timeout_s=timeout_s).ok
+
+
+def extract_code(final: str) -> str:
+    """The last fenced Python block of ``final`` (module docstring), else ``final`` itself."""
+    blocks = _FENCE_RE.findall(final)
+    return blocks[-1] if blocks else final
+
+
+def score(completion: str, answer: str, in_think: bool = False) -> float:
+    """1.0 if the code in ``completion``'s final response passes ``answer``'s tests, else 0.0.
+
+    ``in_think``: as in ``nemocascade.rewards.math.score`` (see ``chat.strip_think``). Never raises.
+    """
+    try:
+        final = strip_think(completion, in_think=in_think)
+        spec = json.loads(answer)
+        tests, prompt = spec["tests"], spec.get("prompt", "")
+        if not final.strip() or not isinstance(tests, str) or not isinstance(prompt, str):
+            return 0.0
+        return 1.0 if passes_tests(prompt + extract_code(final), tests, timeout_s=SCORE_TIMEOUT_S) else 0.0
+    except Exception:  # a verifier bug must cost one reward, never the RL step
+        return 0.0
