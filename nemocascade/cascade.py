@@ -27,11 +27,12 @@ from nemocascade.data import tfds_builder
 from nemocascade.mesh import make_mesh
 from nemocascade.models import ModelConfig, count_params, init_params, init_sharded, param_shardings
 from nemocascade.rewards.pool import VerifierPool
-from nemocascade.run_log import RunLog
-from nemocascade.stages import common, grpo, mopd, sft
+from nemocascade.run_log import RunLog, load_metrics
+from nemocascade.stages import common, grpo, mopd, rm, sft
 from nemocascade.tokenizer import load_or_train
 
-STAGE_KINDS = {"sft": sft.run, "grpo": grpo.run, "mopd": mopd.run}
+STAGE_KINDS = {"sft": sft.run, "grpo": grpo.run, "mopd": mopd.run, "rm": rm.run}
+POLICY_UNCHANGED = {"rm"}  # kinds that train something else (a reward model) and hand the policy on as it was
 TEACHERS_OF = {"mopd": mopd.teacher_refs}  # stage kinds that distil from named checkpoints
 CURVE_KEYS = ("loss", "reward", "eval/math/pass@1")
 
@@ -70,6 +71,11 @@ def validate(cfg) -> None:
                                  f"(earlier: {earlier}; 'stage:init' with config.eval_init) or 'best:<domain>' "
                                  f"(domains: {sorted(cfg.data.domains)})")
         common.stage_rewards(stage)  # unknown reward names fail here, not mid-run
+        if stage.get("reward_model"):
+            src = stage.reward_model
+            if src not in earlier or cfg.stages[src].kind != "rm":
+                raise ValueError(f"config.stages.{name}.reward_model={src!r}: must name an earlier stage of kind "
+                                 f"'rm' (earlier: {earlier})")
     for key in ("batch_size", "max_prompt_len", "max_new_tokens"):
         if cfg.eval[key] <= 0:
             raise ValueError(f"config.eval.{key} must be > 0, got {cfg.eval[key]}")
@@ -154,6 +160,13 @@ def evaluate_all(ctx: common.RunContext, params) -> dict:
     return out
 
 
+def _scores_of(ctx, stage_name):
+    """The summary's eval of a finished stage or of the starting model (the policy an `rm` stage hands on)."""
+    if stage_name == "init":
+        return ctx.log.summary["init"]["eval"]
+    return next(s["eval"] for s in ctx.log.summary["stages"] if s["name"] == stage_name)
+
+
 def _final_path(ctx, name):
     return os.path.join(ctx.workdir, "checkpoints", "final", name)
 
@@ -205,10 +218,14 @@ def run(cfg, workdir: str, config_name: str, variant: str | None = None) -> dict
             path = _final_path(ctx, name)
             checkpoint.save_params(path, params)
             train_s = time.time() - t0
-            scores = evaluate_all(ctx, params)
+            reuse = stage.kind in POLICY_UNCHANGED and start is not None
+            scores = _scores_of(ctx, start) if reuse else evaluate_all(ctx, params)
             ctx.registry.add_stage(name, path, {d: s["pass@1"] for d, s in scores.items()}, stage.side_branch,
                                    started_from=start)
             extra = {"train_wall_s": train_s, "side_branch": bool(stage.side_branch), "started_from": start}
+            if reuse:  # what the stage trained is judged by its own held-out metrics (RM pairwise accuracy)
+                rows = [r for r in load_metrics(os.path.join(workdir, "metrics.jsonl")) if r["stage"] == name]
+                extra["stage_eval"] = {k: v for k, v in rows[-1].items() if k.startswith("eval/")} if rows else {}
             if teacher_stages:
                 extra["teacher_scores"] = {d: ctx.registry.score(t, d) for d, t in teacher_stages.items()}
             ctx.log.end_stage(name, stage.kind, list(stage.domains), int(stage.steps), time.time() - t0, scores,
@@ -231,6 +248,12 @@ def _report(ctx, name, scores):
     if keys:
         plots.plot_metric_curves(metrics, os.path.join(plot_dir, "curves.png"), keys, smooth=5)
     plots.plot_eval_by_stage(ctx.log.summary, os.path.join(plot_dir, "eval_by_stage.png"))
+    cmp = ctx.cfg.get("compare")  # arms from one checkpoint on one plot (mopd_vs_grpo)
+    if cmp and all(ctx.log.stage_done(s) for s in cmp.stages):
+        start = [r[cmp.key] for r in load_metrics(metrics) if r["stage"] == cmp.start_stage and cmp.key in r]
+        plots.plot_stage_comparison(metrics, os.path.join(plot_dir, f"{ctx.cfg.name}.png"), list(cmp.stages),
+                                    cmp.key, start=start[-1] if start else None,
+                                    title=f"{cmp.key}: arms from {cmp.start_stage}")
     table = plots.eval_table_markdown(ctx.log.summary)
     with open(os.path.join(ctx.workdir, "eval_table.md"), "w") as f:
         f.write(table + "\n")

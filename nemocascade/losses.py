@@ -1,4 +1,4 @@
-"""Pure, jittable loss functions for SFT, GRPO and MOPD (METHOD.md).
+"""Pure, jittable loss functions for SFT, GRPO, MOPD and reward models (METHOD.md).
 
 Shapes: ``B``/``N`` sequences (responses), ``T`` positions, ``V`` vocabulary. Every ``mask`` is 1 on the
 tokens that count (response tokens, not prompt or padding) and 0 elsewhere; any numeric or bool dtype.
@@ -13,6 +13,7 @@ Contents:
   loss_normalizer       the global denominator ``grpo_loss`` needs when micro-batching.
   mopd_loss             multi-domain on-policy distillation (C2 section 4.4).
   forward_kl / reverse_kl / generalized_jsd   full-distribution distillation losses (GKD), per token.
+  bradley_terry_loss    pairwise reward-model loss (RLHF, C1 scalar RM).
 """
 
 from __future__ import annotations
@@ -308,3 +309,24 @@ def generalized_jsd(student_logits, teacher_logits, beta=0.5):
         return jnp.sum(jnp.where(p > 0, p * (log_p - log_m), 0.0), axis=-1)
 
     return beta * kl_to_m(log_t) + (1.0 - beta) * kl_to_m(log_s)
+
+
+# ------------------------------------------------------------------------------------ reward model
+
+
+def bradley_terry_loss(r_chosen, r_rejected, margin=0.0):
+    """Bradley-Terry reward-model loss (C1's scalar RM; Ouyang et al. 2022 Eq. 1).
+
+    ``P(chosen > rejected) = sigmoid(r_c - r_r)``;  ``L = mean_i -log sigmoid(r_c,i - r_r,i - margin)``,
+    computed as ``softplus(-(r_c - r_r - margin))`` (stable for any score gap). ``margin`` >= 0 asks for a
+    gap of at least ``margin`` (Llama 2's margin loss); 0 is the plain BT loss.
+
+    Args: r_chosen, r_rejected [N]. Returns (loss, metrics): ``accuracy`` = mean(r_c > r_r) (a tie counts
+    as wrong), ``reward_gap`` = mean(r_c - r_r), ``reward_mean`` = mean over both.
+    """
+    _check_same_shape("r_chosen", r_chosen, r_rejected=r_rejected)
+    gap = _f32(r_chosen) - _f32(r_rejected)
+    loss = jnp.mean(jax.nn.softplus(-(gap - margin)))
+    metrics = {"accuracy": jnp.mean((gap > 0).astype(jnp.float32)), "reward_gap": jnp.mean(gap),
+               "reward_mean": 0.5 * (jnp.mean(_f32(r_chosen)) + jnp.mean(_f32(r_rejected)))}
+    return loss, metrics

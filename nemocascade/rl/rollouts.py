@@ -27,9 +27,10 @@ class RolloutSource:
     `rewards`: domain -> reward function for this stage (default: each domain's registered reward).
     Its state (`state_dict`) goes into the stage checkpoint, so a resumed stage draws the same prompts."""
 
-    def __init__(self, ctx, stage, data_iter, epoch_len: int, epoch_filter=None, rewards=None):
+    def __init__(self, ctx, stage, data_iter, epoch_len: int, epoch_filter=None, rewards=None, scorer=None):
         self.ctx, self.stage, self.data_iter, self.epoch_len = ctx, stage, data_iter, epoch_len
         self.epoch_filter, self.rewards = epoch_filter, rewards
+        self.scorer = scorer  # (records, texts, lengths [P, G]) -> rewards [P, G]: a reward model instead of verifiers
         self.drawn = 0
         self._pending: list[dict] = []
 
@@ -75,8 +76,11 @@ class RolloutSource:
         P = len(records)
         if score:
             texts = evaluation.decode_responses(ctx.tokenizer, samples.tokens, samples.mask, ctx.cfg.thinking)
-            rewards = np.asarray(evaluation.score_texts(ctx.pool, texts, [r for r in records for _ in range(G)],
-                                                        self.rewards), np.float32).reshape(P, G)
+            if self.scorer is not None:
+                rewards = np.asarray(self.scorer(records, texts, samples.lengths.reshape(P, G)), np.float32)
+            else:
+                rewards = np.asarray(evaluation.score_texts(ctx.pool, texts, [r for r in records for _ in range(G)],
+                                                            self.rewards), np.float32).reshape(P, G)
         else:
             rewards = np.full((P, G), np.nan, np.float32)
         t2 = time.perf_counter()

@@ -43,7 +43,12 @@ DEFAULTS = dict(
     adv_eps=1e-6,
     dynamic_filter=False, refill_rounds=3, overlong="none", mask_if_max_reward_below=-1.0,
     epoch_filter=False, readmit_hard=0.1, readmit_easy=0.01,
+    # RLHF (METHOD.md "Rewards per domain"): score rollouts with the BT reward model an earlier `rm` stage
+    # trained, on the text after </think>; "scalar" = its score, "pairwise" = Cascade 2's aggregation (mean
+    # P(i beats j) over the group, ties broken by ranking, optional quality-gated conciseness bonus)
+    reward_model="", reward_mode="scalar", conciseness_bonus=0.0, quality_gate=0.5, rm_max_len=160,
 )
+REWARD_MODES = ("scalar", "pairwise")
 TERMS = ("pg", "kl", "entropy")
 
 
@@ -134,7 +139,8 @@ def run(ctx: common.RunContext, name: str, stage, params):
     data_iter = iter(pipeline.prompt_dataset(source, B, seed=ctx.cfg.seed + common.stage_index(ctx, name)))
     epoch_filter = (filters.EpochFilter(stage.readmit_hard, stage.readmit_easy, ctx.cfg.seed)
                     if stage.epoch_filter else None)
-    rollouts = rollouts_lib.RolloutSource(ctx, stage, data_iter, len(source), epoch_filter, common.stage_rewards(stage))
+    rollouts = rollouts_lib.RolloutSource(ctx, stage, data_iter, len(source), epoch_filter, common.stage_rewards(stage),
+                                          scorer=rm_scorer(ctx, stage) if stage.reward_model else None)
     ref = jax.tree.map(jnp.copy, params) if stage.objective.kl else None
     step_fn = functools.partial(grpo_step, model_cfg=ctx.model_cfg, tx=tx, stage=stage)
     trainer = common.Trainer(ctx, name, stage, params, tx, step_fn, data_iter=data_iter,
@@ -168,6 +174,27 @@ def run(ctx: common.RunContext, name: str, stage, params):
                 metrics |= common.quick_eval(ctx, trainer.state.params, stage)
             trainer.log(step, metrics)
         return trainer.finish()
+
+
+def rm_scorer(ctx, stage):
+    """Rewards [P, G] from the reward model of stage `stage.reward_model` (saved by `stages/rm.py`)."""
+    from nemocascade.rewards import rm as rm_rewards  # RLHF stages only
+    from nemocascade.stages import rm as rm_stage
+
+    if stage.reward_mode not in REWARD_MODES:
+        raise ValueError(f"reward_mode={stage.reward_mode!r}; choose one of {REWARD_MODES}")
+    scorer = rm_rewards.RewardModelScorer.load(
+        rm_stage.rm_path(ctx.workdir, stage.reward_model), ctx.model_cfg, ctx.tokenizer, mesh=ctx.mesh,
+        batch_size=stage.prompts_per_step * stage.group_size, max_len=stage.rm_max_len)
+
+    def score(records, texts, lengths):
+        G = stage.group_size
+        s = scorer.score([r["prompt"] for r in records for _ in range(G)], texts).reshape(len(records), G)
+        if stage.reward_mode == "scalar":
+            return s
+        return np.stack([rm_rewards.pairwise_rewards(rm_rewards.bt_preferences(row), lens, stage.conciseness_bonus,
+                                                     stage.quality_gate) for row, lens in zip(s, lengths)])
+    return score
 
 
 def rollout_metrics(groups, domains):
