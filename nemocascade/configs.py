@@ -85,3 +85,15 @@ def math_tiny(c: ml_collections.ConfigDict) -> None:
     c.data.domains.math.update(num_train=2000, num_test=64)
     c.data.domains.math.opts.update(max_digits=2, families={"add": 0.5, "sub": 0.5})
     c.eval.update(n=64, batch_size=64)
+
+
+def multi_base(name: str, domains: dict[str, dict]) -> ml_collections.ConfigDict:
+    """`math_base` for a multi-domain cascade: `domains` maps domain -> teacher/generator opts. A larger
+    vocabulary (the tokenizer sees every domain's text) and longer SFT sequences than math alone."""
+    c = math_base(name)
+    c.tokenizer.update(vocab_size=1024, corpus_size=3000)
+    c.data.domains = ml_collections.ConfigDict()
+    for domain, opts in domains.items():
+        c.data.domains[domain] = dict(num_train=20_000, num_test=300, opts=dict(opts))
+    c.eval.update(n=128, max_prompt_len=96, max_new_tokens=112)
+    return c

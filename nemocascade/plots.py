@@ -142,3 +142,27 @@ def eval_table_markdown(summary: dict) -> str:
             cells.append(cell if len(ns[d]) == 1 else f"{cell} (n={s['eval'][d]['n']})")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def plot_stage_comparison(metrics_jsonl: str, out_png: str, stages: list[str], key: str, start: float | None = None,
+                          title: str | None = None) -> None:
+    """`key` against each stage's own step, one line per stage, on one axis: arms of an experiment that start
+    from the same checkpoint (mopd_vs_grpo, as Cascade 2's Figure 3). `start`: the shared checkpoint's value,
+    drawn at step 0 of every arm."""
+    rows = load_metrics(metrics_jsonl)
+    fig = Figure(figsize=(6, 4), layout="constrained")
+    ax = fig.subplots()
+    for i, stage in enumerate(stages):
+        pts = [(r["step"] + 1, r[key]) for r in rows if r["stage"] == stage and key in r]
+        if not pts:
+            raise ValueError(f"stage {stage!r} logged no {key!r} in {metrics_jsonl}")
+        if start is not None:
+            pts = [(0, start)] + pts
+        x, y = np.array(pts, dtype=float).T
+        ax.plot(x, 100 * y, marker="o", color=f"C{i}", label=stage)
+    ax.set_xlabel("training step of the arm")
+    ax.set_ylabel(f"{key} (%)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title or key)
+    _save(fig, out_png)
