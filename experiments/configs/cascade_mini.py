@@ -14,20 +14,10 @@ violated constraint, an off-by-one program), so each RL stage has headroom its v
 """
 import ml_collections
 
-from nemocascade.configs import multi_base
-from nemocascade.stages import common, grpo, mopd, sft
+from nemocascade.configs import grpo_stage, multi_base
+from nemocascade.stages import common, mopd, sft
 
 DOMAINS = ("math", "if", "code")
-
-
-def _rl(domain: str, steps: int, **kw) -> ml_collections.ConfigDict:
-    """A domain-wise GRPO stage as cascade_math's (warm-up from 0.1x, KL 0.05 to the stage's start)."""
-    return common.stage_config(
-        "grpo", grpo.DEFAULTS, domains=[domain], steps=steps, prompts_per_step=16, group_size=8,
-        length_curriculum=((0, 112),), checkpoint_every=20, eval_every=20, eval_n=64, dynamic_filter=True,
-        refill_rounds=1, objective=dict(pg=1.0, kl=0.05, entropy=0.0), kl_estimator="k3",
-        optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
-                   grad_clip=1.0), **kw)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -39,9 +29,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "sft", sft.DEFAULTS, domains=list(DOMAINS), steps=900, batch_size=32, seq_len=160, checkpoint_every=100,
         eval_every=300, eval_n=64,
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=100, weight_decay=0.01, min_lr_frac=0.05))
-    c.stages.if_rl = _rl("if", 60)
-    c.stages.math_rl = _rl("math", 60)
-    c.stages.code_rl = _rl("code", 60)
+    c.stages.if_rl = grpo_stage(["if"], 60)
+    c.stages.math_rl = grpo_stage(["math"], 60)
+    c.stages.code_rl = grpo_stage(["code"], 60)
     c.stages.mopd = common.stage_config(  # teachers: best held-out checkpoint per domain (METHOD.md "MOPD")
         "mopd", mopd.DEFAULTS, domains=list(DOMAINS), steps=40, prompts_per_step=24, group_size=4,
         max_new_tokens=112, checkpoint_every=20, eval_every=20, eval_n=64,

@@ -1,0 +1,32 @@
+"""Nemotron-Cascade 1's stage order at small scale (METHOD.md "Stage order"):
+
+    SFT -> RLHF -> IF-RL -> math RL -> code RL -> SWE RL (agentless, then execution-based)
+
+with `rm` (the Bradley-Terry reward model RLHF is scored by, trained from the SFT policy) ahead of RLHF.
+Model, data and shared stages are cascade_c2's (`base`), so the two orders are compared like for like;
+Cascade 1's one big regression was RLHF costing instruction following, repaired by IF-RL.
+
+    python experiments/run.py --config=cascade_c1          # about an hour on 2 CPU cores
+    python experiments/run.py --config=cascade_c1:tiny
+"""
+import importlib.util
+import os
+
+import ml_collections
+
+from nemocascade.configs import grpo_stage
+
+_spec = importlib.util.spec_from_file_location("cascade_c2_config", os.path.join(os.path.dirname(__file__),
+                                                                                 "cascade_c2.py"))
+c2 = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(c2)
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    c = c2.base("cascade_c1", arg)
+    c.stages.rlhf.update(reward_mode="scalar", conciseness_bonus=0.0)  # C1: a scalar BT reward model
+    c.stages.math_rl = grpo_stage(["math"], 40)
+    c.stage_order = ("sft", "rm", "rlhf", "if_rl", "math_rl", "code_rl", "swe_agentless", "swe_exec")
+    if arg == "tiny":
+        c2.shrink(c)
+    return c

@@ -1,0 +1,93 @@
+"""Nemotron-Cascade 2's stage order at small scale (METHOD.md "Stage order"):
+
+    SFT -> IF-RL -> multi-domain RL (mcq + json + tool) -> MOPD -> RLHF -> long-context RL -> code RL
+        -> SWE RL (agentless, then execution-based)
+
+plus what it needs off the main line: `rm` (a Bradley-Terry reward model trained from the SFT policy; it
+leaves the policy as it is) and `rlhf_branch` (RLHF from the SFT checkpoint as a side branch: Cascade 2's
+RLHF teacher). MOPD's three teachers, as the paper: math <- the SFT checkpoint, pref (chat) <- the RLHF side
+branch, if / mcq / json / tool <- their best checkpoint so far. Every domain is evaluated after every stage.
+
+    python experiments/run.py --config=cascade_c2          # about an hour on 2 CPU cores
+    python experiments/run.py --config=cascade_c2:tiny     # minutes; the same stages with a few steps each
+"""
+import ml_collections
+
+from nemocascade.configs import grpo_stage, multi_base
+from nemocascade.stages import common, mopd, rm, sft
+
+# domain -> imperfect-teacher options (a systematic slip on a share of problems: headroom for each RL stage)
+DOMAINS = {
+    "math": dict(teacher_error_rate=0.6), "if": dict(teacher_error_rate=0.5), "mcq": dict(teacher_error_rate=0.5),
+    "json": dict(teacher_error_rate=0.5), "tool": dict(teacher_error_rate=0.5), "pref": dict(teacher_error_rate=0.5),
+    "longctx": dict(teacher_error_rate=0.5, num_facts=8), "code": dict(teacher_error_rate=0.5),
+    "swe": dict(teacher_error_rate=0.5),
+}
+LONG = dict(max_prompt_len=224)  # long-context and SWE prompts (measured: ~130-210 tokens at vocab 1024)
+
+
+def base(name: str, arg: str | None) -> ml_collections.ConfigDict:
+    """Model, data and the stages both Cascade orders share; each config sets `stage_order`."""
+    c = multi_base(name, DOMAINS)
+    c.variant = arg
+    c.model.update(d_model=160, n_layers=4, n_heads=5, n_kv_heads=1, head_dim=32, d_ff=480)
+    c.tokenizer.update(vocab_size=1536, corpus_size=2000)
+    c.data.domains.longctx.update(LONG)
+    c.data.domains.swe.update(LONG)
+    c.eval.update(n=64, batch_size=64)
+    c.reward.timeout_s = 8.0  # above the sandbox's own wall limit (swe_exec runs tests for up to 5 s)
+    c.stages.sft = common.stage_config(
+        "sft", sft.DEFAULTS, domains=list(DOMAINS), steps=1500, batch_size=32, seq_len=288, checkpoint_every=100,
+        eval_every=500, eval_n=32,
+        optim=dict(lr=3e-3, schedule="cosine", warmup_steps=100, weight_decay=0.01, min_lr_frac=0.05))
+    c.stages.rm = common.stage_config("rm", rm.DEFAULTS, domains=["pref"], steps=200, batch_size=32, seq_len=96,
+                                      checkpoint_every=100, optim=dict(lr=1e-3, warmup_steps=20, schedule="cosine"))
+    rlhf = dict(reward_model="rm", reward_mode="pairwise", conciseness_bonus=0.1,
+                objective=dict(pg=1.0, kl=0.03, entropy=0.0), dynamic_filter=False)  # C2: KL 0.03 to the reference
+    c.stages.rlhf = grpo_stage(["pref"], 40, **rlhf)
+    c.stages.if_rl = grpo_stage(["if"], 40)
+    c.stages.code_rl = grpo_stage(["code"], 40)
+    c.stages.longctx_rl = grpo_stage(["longctx"], 30, **LONG)
+    c.stages.swe_agentless = grpo_stage(["swe"], 30, mask_if_max_reward_below=0.5, **LONG)
+    c.stages.swe_exec = grpo_stage(["swe"], 30, rewards={"swe": "swe_exec"}, **LONG)
+    if arg == "tiny":
+        c.model.update(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=384)
+        c.tokenizer.update(vocab_size=1024, corpus_size=400)
+        for d in DOMAINS:
+            c.data.domains[d].update(num_train=400, num_test=16)
+        c.eval.update(n=8, batch_size=16)
+        c.stages.sft.update(steps=60, eval_every=0, checkpoint_every=60, seq_len=256)
+        c.stages.rm.update(steps=10, checkpoint_every=10, eval_pairs=32)
+    elif arg not in (None, ""):
+        raise ValueError(f"{name}: unknown variant {arg!r}; known: tiny")
+    return c
+
+
+def shrink(c: ml_collections.ConfigDict) -> None:
+    """tiny: every RL / distillation stage takes 2 steps of 4 x 2 rollouts."""
+    for name, stage in c.stages.items():
+        if stage.kind in ("grpo", "mopd"):
+            stage.update(steps=2, prompts_per_step=4, group_size=2, eval_every=0, checkpoint_every=2)
+            if stage.kind == "grpo":
+                stage.update(length_curriculum=((0, 48),))
+            else:
+                stage.update(max_new_tokens=48)
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    c = base("cascade_c2", arg)
+    c.stages.rlhf_branch = ml_collections.ConfigDict(c.stages.rlhf.to_dict())
+    c.stages.rlhf_branch.update(init_from="stage:sft", side_branch=True)
+    c.stages.multi_rl = grpo_stage(["mcq", "json", "tool"], 40)  # merged: short, cheap verifiers (METHOD.md)
+    c.stages.mopd = common.stage_config(
+        "mopd", mopd.DEFAULTS, domains=["math", "pref", "if", "mcq", "json", "tool"], steps=30, prompts_per_step=24,
+        group_size=4, max_new_tokens=112, checkpoint_every=10, eval_every=10, eval_n=32,
+        teachers={"math": "stage:sft", "pref": "stage:rlhf_branch", "if": "best:if", "mcq": "best:mcq",
+                  "json": "best:json", "tool": "best:tool"},
+        optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
+                   grad_clip=1.0))
+    c.stage_order = ("sft", "rm", "rlhf_branch", "if_rl", "multi_rl", "mopd", "rlhf", "longctx_rl", "code_rl",
+                     "swe_agentless", "swe_exec")
+    if arg == "tiny":
+        shrink(c)
+    return c
