@@ -16,6 +16,7 @@ from nemocascade.stages import common, mopd, sft
 def _cfg():
     c = configs.load("cascade_math:tiny")
     c.eval.n = 16
+    c.eval.sets = {"humaneval": dict(n=4, max_prompt_len=1024, max_new_tokens=8)}  # a real benchmark by name
     c.stages.sft.update(steps=40, eval_every=0, checkpoint_every=40)
     c.stages.grpo.update(steps=2, eval_every=0, length_curriculum=((0, 48),), prompts_per_step=4, group_size=4)
     c.stages.branch = common.stage_config(  # more SFT from the SFT checkpoint, off the main line
@@ -44,6 +45,9 @@ def test_side_branch_keep_optimizer_mopd_and_resume(tmp_path):
     assert stages["distil"]["started_from"] == "grpo"
     assert stages["distil"]["kind"] == "mopd" and stages["distil"]["teachers"] == {"math": "stage:branch"}
     assert stages["distil"]["teacher_scores"]["math"] == stages["branch"]["eval"]["math"]["pass@1"]
+    for s in stages.values():  # HumanEval through the sandbox after every stage; too-long prompts are counted
+        he = s["eval"]["humaneval"]
+        assert he["n"] == 4 and he["pass@1"] == 0.0 and 0 <= he["skipped_too_long"] <= 160
     rows = [json.loads(line) for line in open(f"{wd}/metrics.jsonl")]
     distil = [r for r in rows if r["stage"] == "distil"]
     assert len(distil) == 2 and all("reverse_kl/math" in r and "is_clip_frac" in r for r in distil)
