@@ -89,7 +89,8 @@ def manifest(cfg, rewards_of, teachers_of) -> dict:
 
 
 def check_manifest(checkpoint_dir: str, current: dict) -> None:
-    """Write the manifest on the first start; on a resume, fail if any mapping differs from it."""
+    """Write the manifest on the first start; on a resume, fail if a mapping it already holds changed (new
+    stages, e.g. arms added to a finished run, are added to it)."""
     path = os.path.join(checkpoint_dir, "manifest.json")
     if not os.path.exists(path):
         os.makedirs(checkpoint_dir, exist_ok=True)
@@ -99,9 +100,12 @@ def check_manifest(checkpoint_dir: str, current: dict) -> None:
         saved = json.load(f)
     for section in ("rewards", "teachers"):
         old, new = saved.get(section, {}), current.get(section, {})
-        for key in sorted(set(old) | set(new)):
-            if old.get(key) != new.get(key):
+        for key in sorted(set(old) & set(new)):  # stages added to a run (or dropped from its end) are fine
+            if old[key] != new[key]:
                 raise ValueError(
                     f"{path}: this workdir was started with {section}[{key!r}] = {old.get(key)!r}, the config now "
                     f"says {new.get(key)!r}. Resuming would mix two experiments in one set of checkpoints: use a "
                     f"new --workdir, or restore the original mapping.")
+    merged = {section: {**saved.get(section, {}), **current.get(section, {})} for section in ("rewards", "teachers")}
+    if merged != saved:  # a run extended by new stages records their mappings too
+        atomic_write(path, json.dumps(merged, indent=2, sort_keys=True) + "\n")

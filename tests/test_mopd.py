@@ -143,6 +143,10 @@ def test_manifest_refuses_a_resume_with_another_teacher(tmp_path):
     first = {"rewards": {"mopd/math": "nemocascade.rewards.math.score"}, "teachers": {"mopd": {"math": "best:math"}}}
     teachers.check_manifest(str(tmp_path), first)
     teachers.check_manifest(str(tmp_path), json.loads(json.dumps(first)))  # same mapping: fine
+    extended = {"rewards": {**first["rewards"], "arm/math": "nemocascade.rewards.math.score"},
+                "teachers": first["teachers"]}
+    teachers.check_manifest(str(tmp_path), extended)  # a stage added to the run: recorded, not refused
+    assert "arm/math" in json.load(open(tmp_path / "manifest.json"))["rewards"]
     changed = {**first, "teachers": {"mopd": {"math": "stage:sft"}}}
     with pytest.raises(ValueError, match=r"teachers\['mopd'\].*best:math.*stage:sft"):
         teachers.check_manifest(str(tmp_path), changed)
