@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from nemocascade.data.registry import DomainSpec, register_domain, split_of
+from nemocascade.data.registry import DomainSpec, check_args, family_weights, register_domain, split_of
 
 DOMAIN = "code"
 ENTRY_POINT = "f"
@@ -158,17 +158,8 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
         families: family name -> sampling weight (default: all of :data:`FAMILIES`, equally).
     """
     families = dict.fromkeys(FAMILIES, 1.0) if families is None else families
-    unknown = sorted(set(families) - set(FAMILIES))
-    if unknown:
-        raise ValueError(f"unknown code families {unknown}; known: {sorted(FAMILIES)}")
-    names = sorted(families)
-    weights = np.array([families[f] for f in names], dtype=np.float64)
-    if (weights < 0).any() or weights.sum() <= 0:
-        raise ValueError(f"families weights must be >= 0 with a positive sum, got {families}")
-    if not 0.0 <= teacher_error_rate <= 1.0:
-        raise ValueError(f"teacher_error_rate must be in [0, 1], got {teacher_error_rate}")
-    if split not in ("train", "test", None):
-        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+    names, weights = family_weights(families, FAMILIES, "code")
+    check_args(split, teacher_error_rate)
     # Tasks of each family in the split, so a draw never has to be rejected.
     pools = {f: [t for t in all_tasks() if t.family == f and (split is None or split_of(t.key, test_every) == split)]
              for f in names}

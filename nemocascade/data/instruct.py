@@ -37,7 +37,7 @@ import re
 
 import numpy as np
 
-from nemocascade.data.registry import DomainSpec, register_domain, split_of
+from nemocascade.data.registry import DomainSpec, check_args, register_domain, split_of
 from nemocascade.rewards.instruct import check_all, count_words, split_sentences
 
 DOMAIN = "if"
@@ -417,10 +417,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
         raise ValueError(f"families must be a non-empty subset of {list(FAMILIES)}; unknown: {unknown}")
     if not 1 <= max_constraints <= 3:
         raise ValueError(f"max_constraints must be in [1, 3], got {max_constraints}")
-    if not 0.0 <= teacher_error_rate <= 1.0:
-        raise ValueError(f"teacher_error_rate must be in [0, 1], got {teacher_error_rate}")
-    if split not in ("train", "test", None):
-        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+    check_args(split, teacher_error_rate)
 
     records, attempts = [], 0
     max_attempts = 100 * n * test_every + 1000

@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from nemocascade.data.math import response_text
-from nemocascade.data.registry import DomainSpec, register_domain, split_of
+from nemocascade.data.registry import DomainSpec, check_args, register_domain, split_of
 
 DOMAIN = "longctx"
 MAX_FACTS = 1600  # codes are distinct 3-digit numbers: at most 900 boxes, each with one code line
@@ -80,10 +80,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         num_facts: lines of context (4 to :data:`MAX_FACTS`); sets the prompt length.
         hops: 1 (retrieve one code) or 2 (follow one link, then retrieve).
     """
-    if not 0.0 <= teacher_error_rate <= 1.0:
-        raise ValueError(f"teacher_error_rate must be in [0, 1], got {teacher_error_rate}")
-    if split not in ("train", "test", None):
-        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+    check_args(split, teacher_error_rate)
     if not 4 <= num_facts <= MAX_FACTS:
         raise ValueError(f"num_facts must be in [4, {MAX_FACTS}], got {num_facts}")
     if hops not in (1, 2):

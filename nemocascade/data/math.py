@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from nemocascade.data.registry import DomainSpec, register_domain, split_of
+from nemocascade.data.registry import DomainSpec, check_args, family_weights, register_domain, split_of
 
 DOMAIN = "math"
 OPS = ("+", "-", "*")
@@ -244,21 +244,12 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
             order of the dict does not matter.
     """
     families = DEFAULT_FAMILIES if families is None else families
-    unknown = sorted(set(families) - set(FAMILIES))
-    if unknown:
-        raise ValueError(f"unknown math families {unknown}; known: {sorted(FAMILIES)}")
-    names = sorted(families)  # so {"add": 1, "mul": 1} and {"mul": 1, "add": 1} agree
-    weights = np.array([families[f] for f in names], dtype=np.float64)
-    if (weights < 0).any() or weights.sum() <= 0:
-        raise ValueError(f"families weights must be >= 0 with a positive sum, got {families}")
-    if not 0.0 <= teacher_error_rate <= 1.0:
-        raise ValueError(f"teacher_error_rate must be in [0, 1], got {teacher_error_rate}")
+    names, weights = family_weights(families, FAMILIES, "math")
     for key, v in (("max_digits", max_digits), ("mul_digits", mul_digits),
                    ("word_digits", word_digits)):
         if not 1 <= v <= 18:
             raise ValueError(f"{key} must be in [1, 18], got {v}")
-    if split not in ("train", "test", None):
-        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+    check_args(split, teacher_error_rate)
     opts = dict(max_digits=max_digits, mul_digits=mul_digits, word_digits=word_digits,
                 allow_negative=allow_negative)
     probs = weights / weights.sum()

@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from nemocascade.data import math as dmath
-from nemocascade.data.registry import DomainSpec, register_domain, split_of
+from nemocascade.data.registry import DomainSpec, check_args, family_weights, register_domain, split_of
 
 DOMAIN = "mcq"
 LETTERS = "ABCD"
@@ -178,17 +178,8 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         families: family name -> sampling weight (default :data:`DEFAULT_FAMILIES`).
     """
     families = DEFAULT_FAMILIES if families is None else families
-    unknown = sorted(set(families) - set(FAMILIES))
-    if unknown:
-        raise ValueError(f"unknown mcq families {unknown}; known: {sorted(FAMILIES)}")
-    names = sorted(families)
-    weights = np.array([families[f] for f in names], dtype=np.float64)
-    if (weights < 0).any() or weights.sum() <= 0:
-        raise ValueError(f"families weights must be >= 0 with a positive sum, got {families}")
-    if not 0.0 <= teacher_error_rate <= 1.0:
-        raise ValueError(f"teacher_error_rate must be in [0, 1], got {teacher_error_rate}")
-    if split not in ("train", "test", None):
-        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+    names, weights = family_weights(families, FAMILIES, "mcq")
+    check_args(split, teacher_error_rate)
 
     records, attempts = [], 0
     while len(records) < n:

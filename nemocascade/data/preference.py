@@ -37,7 +37,7 @@ import json
 
 import numpy as np
 
-from nemocascade.data.registry import DomainSpec, register_domain, split_of
+from nemocascade.data.registry import DomainSpec, check_args, register_domain, split_of
 from nemocascade.rewards import pref as judge
 
 DOMAIN = "pref"
@@ -208,10 +208,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
         teacher_error_rate: probability that the response (SFT target) is the verbose answer.
         kinds: rejected kind -> weight (default: the four kinds equally).
     """
-    if not 0.0 <= teacher_error_rate <= 1.0:
-        raise ValueError(f"teacher_error_rate must be in [0, 1], got {teacher_error_rate}")
-    if split not in ("train", "test", None):
-        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+    check_args(split, teacher_error_rate)
     kinds = dict(kinds or {k: 1.0 for k in KINDS})
     bad = sorted(set(kinds) - set(KINDS))
     if bad or not kinds or min(kinds.values()) < 0 or sum(kinds.values()) <= 0:

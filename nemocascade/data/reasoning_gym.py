@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nemocascade.data.registry import DomainSpec, register_domain, split_of
+from nemocascade.data.registry import DomainSpec, check_args, register_domain, split_of
 
 DOMAIN = "rg_math"
 DEFAULT_DATASETS = ("gsm_symbolic", "basic_arithmetic", "chain_sum")
@@ -63,8 +63,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
     if (probs < 0).any() or probs.sum() <= 0:
         raise ValueError(f"dataset weights must be >= 0 with a positive sum, got {weights}")
     probs /= probs.sum()
-    if split not in ("train", "test", None):
-        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+    check_args(split)
     configs = configs or {}
 
     streams: dict[str, list] = {}  # name -> [dataset, next index, seed]

@@ -94,6 +94,27 @@ def split_of(key: str, test_every: int = 10) -> str:
     return "test" if int.from_bytes(digest, "big") % test_every == 0 else "train"
 
 
+def check_args(split, teacher_error_rate: float = 0.0) -> None:
+    """The arguments every generator shares: ValueError naming the bad one."""
+    if split not in (*SPLITS, None):
+        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+    if not 0.0 <= teacher_error_rate <= 1.0:
+        raise ValueError(f"teacher_error_rate must be in [0, 1], got {teacher_error_rate}")
+
+
+def family_weights(families: dict[str, float], known, domain: str) -> tuple[list[str], np.ndarray]:
+    """(sorted family names, their weights) of a generator's `families` option; ValueError naming unknown
+    families or bad weights. Sorted, so the order of the dict does not change the data."""
+    unknown = sorted(set(families) - set(known))
+    if unknown:
+        raise ValueError(f"unknown {domain} families {unknown}; known: {sorted(known)}")
+    names = sorted(families)
+    weights = np.array([families[f] for f in names], dtype=np.float64)
+    if (weights < 0).any() or weights.sum() <= 0:
+        raise ValueError(f"families weights must be >= 0 with a positive sum, got {families}")
+    return names, weights
+
+
 def split_rng(seed: int, split: str) -> np.random.Generator:
     """Independent, reproducible random stream for (seed, split)."""
     if split not in _SPLIT_STREAM:

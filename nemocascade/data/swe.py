@@ -35,7 +35,7 @@ import json
 
 import numpy as np
 
-from nemocascade.data.registry import DomainSpec, register_domain, split_of
+from nemocascade.data.registry import DomainSpec, check_args, register_domain, split_of
 
 DOMAIN = "swe"
 LIST_NAMES = ("xs", "nums", "vals", "data")
@@ -140,10 +140,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         teacher_error_rate: probability of the teacher's wrong repair on ``bound``/``compare`` bugs.
         bugs: bug families to draw from, uniformly (default all four).
     """
-    if not 0.0 <= teacher_error_rate <= 1.0:
-        raise ValueError(f"teacher_error_rate must be in [0, 1], got {teacher_error_rate}")
-    if split not in ("train", "test", None):
-        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+    check_args(split, teacher_error_rate)
     unknown = sorted(set(bugs) - set(BUGS))
     if unknown or not bugs:
         raise ValueError(f"bugs must be a non-empty subset of {BUGS}, got {bugs}")

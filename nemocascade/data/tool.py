@@ -25,7 +25,7 @@ import json
 import numpy as np
 
 from nemocascade.data.math import ITEMS, NAMES
-from nemocascade.data.registry import DomainSpec, register_domain, split_of
+from nemocascade.data.registry import DomainSpec, check_args, register_domain, split_of
 
 DOMAIN = "tool"
 # name -> ((param, type, values), ...), request template (booleans are spelled by the template).
@@ -67,10 +67,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         split: keep only requests with ``split_of(key, test_every) == split`` (``None``: all).
         teacher_error_rate: probability that the teacher quotes integer arguments as strings.
     """
-    if not 0.0 <= teacher_error_rate <= 1.0:
-        raise ValueError(f"teacher_error_rate must be in [0, 1], got {teacher_error_rate}")
-    if split not in ("train", "test", None):
-        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+    check_args(split, teacher_error_rate)
     names = sorted(TOOLS)
     records, attempts = [], 0
     while len(records) < n:
