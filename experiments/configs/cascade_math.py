@@ -28,9 +28,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # KL to the SFT policy: without it one seed of three drifted on problems it already solved (+1.2 -> +11.8)
         objective=dict(pg=1.0, kl=0.05, entropy=0.0), kl_estimator="k3",
         # Adam's first steps move every weight by ~lr: warm up from 0.1x or the SFT policy collapses
-        # (measured: constant 1e-3 took reward 0.54 -> 0.34 in one step)
-        optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
-                   grad_clip=1.0))
+        # (measured: constant 1e-3 took reward 0.54 -> 0.34 in one step). Then cosine decay to 0.05x: most of
+        # the gain comes in the first ~20 steps and a constant LR drifts after it (seeds 0/1/2: +13.8/+14.8/
+        # +11.8 constant, +17.0/+20.8/+10.8 cosine)
+        optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="cosine", warmup_steps=10, warmup_init=0.1,
+                   min_lr_frac=0.05, grad_clip=1.0))
     c.stage_order = ("sft", "grpo")
     if arg == "tiny":
         math_tiny(c)

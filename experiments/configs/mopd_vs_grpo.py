@@ -5,8 +5,8 @@
                                      mopd_arm  (MOPD, teacher best:math)
 Both arms start from the SFT checkpoint, take the same number of steps with the same prompts per step and
 the same rollout budget per prompt, and are evaluated on the same held-out problems every few steps;
-plots/mopd_vs_grpo.png draws both curves. The first two stages are exactly cascade_math's, so a finished
-cascade_math workdir can be copied and reused (their stages are skipped as done).
+plots/mopd_vs_grpo.png draws both curves. The first two stages are exactly cascade_math's: a copy of a finished
+cascade_math workdir (with "config" in its summary.json renamed) skips them as done.
 
     python experiments/run.py --config=mopd_vs_grpo
 """
