@@ -18,6 +18,7 @@ import numpy as np
 
 from nemocascade import evaluation, sampling
 from nemocascade.data import pipeline
+from nemocascade.rl import filters
 from nemocascade.mesh import shard_batch, to_host
 
 
@@ -108,3 +109,16 @@ def trim_columns(batch: dict, bucket: int = 16) -> dict:
     hi = min(width, lo + -(-(int(used[-1]) + 1 - lo) // bucket) * bucket)
     return {k: v[:, lo:hi] if k in ("tokens", "valid", "positions") else v[:, lo:hi - 1] if v.ndim == 2 else v
             for k, v in batch.items()}
+
+
+def rollout_metrics(groups, domains):
+    """Statistics of the on-policy sample (first round, before any filter), per domain."""
+    r = groups["rewards"]
+    m = {"reward": float(r.mean()), "zero_var_frac": float(1 - filters.dynamic_filter_keep(r).mean()),
+         "response_len": float(groups["lengths"].mean()), "truncation_rate": float(groups["truncated"].mean())}
+    for i, d in enumerate(domains):
+        sel = groups["domain_idx"] == i
+        if sel.any():
+            m[f"reward/{d}"] = float(r[sel].mean())
+            m[f"pass_rate/{d}"] = float((r[sel] >= 1.0).mean())
+    return m

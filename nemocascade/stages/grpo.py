@@ -167,7 +167,7 @@ def run(ctx: common.RunContext, name: str, stage, params):
             t0 = time.perf_counter()
             metrics = trainer.update(trainer.put(batch), ref)
             timing["train_s"] = time.perf_counter() - t0
-            metrics |= rollout_metrics(first, domains) | dict(timing)
+            metrics |= rollouts_lib.rollout_metrics(first, domains) | dict(timing)
             metrics |= {"lr": float(schedule(step)), "max_new_tokens": max_new, "kept_groups": fstats["kept"],
                         "refill_rounds": fstats["rounds"]}
             if stage.eval_every and (step + 1) % stage.eval_every == 0:
@@ -195,16 +195,3 @@ def rm_scorer(ctx, stage):
         return np.stack([rm_rewards.pairwise_rewards(rm_rewards.bt_preferences(row), lens, stage.conciseness_bonus,
                                                      stage.quality_gate) for row, lens in zip(s, lengths)])
     return score
-
-
-def rollout_metrics(groups, domains):
-    """Statistics of the on-policy sample (first round, before any filter), per domain."""
-    r = groups["rewards"]
-    m = {"reward": float(r.mean()), "zero_var_frac": float(1 - filters.dynamic_filter_keep(r).mean()),
-         "response_len": float(groups["lengths"].mean()), "truncation_rate": float(groups["truncated"].mean())}
-    for i, d in enumerate(domains):
-        sel = groups["domain_idx"] == i
-        if sel.any():
-            m[f"reward/{d}"] = float(r[sel].mean())
-            m[f"pass_rate/{d}"] = float((r[sel] >= 1.0).mean())
-    return m

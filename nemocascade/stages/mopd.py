@@ -148,12 +148,8 @@ def run(ctx: common.RunContext, name: str, stage, params):
             metrics |= {"train_s": time.perf_counter() - t0, "lr": float(schedule(step)), **timing,
                         "response_len": float(groups["lengths"].mean()),
                         "truncation_rate": float(groups["truncated"].mean())}
-            if stage.log_reward:
-                metrics["reward"] = float(groups["rewards"].mean())
-                for i, d in enumerate(run_domains):
-                    sel = groups["domain_idx"] == i
-                    if sel.any():
-                        metrics[f"reward/{d}"] = float(groups["rewards"][sel].mean())
+            if stage.log_reward:  # monitoring only: MOPD has no outcome reward
+                metrics |= rollouts_lib.rollout_metrics(groups, run_domains)
             if stage.eval_every and (step + 1) % stage.eval_every == 0:
                 metrics |= common.quick_eval(ctx, trainer.state.params, stage)
             trainer.log(step, metrics)
