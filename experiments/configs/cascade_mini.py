@@ -35,6 +35,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.stages.mopd = common.stage_config(  # teachers: best held-out checkpoint per domain (METHOD.md "MOPD")
         "mopd", mopd.DEFAULTS, domains=list(DOMAINS), steps=40, prompts_per_step=24, group_size=4,
         max_new_tokens=112, checkpoint_every=20, eval_every=20, eval_n=64,
+        teachers={d: f"best:{d}" for d in DOMAINS},  # listed, so `--config.stages.mopd.teachers.math=stage:sft` works
         optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
                    grad_clip=1.0))
     c.stage_order = ("sft", "if_rl", "math_rl", "code_rl", "mopd")
