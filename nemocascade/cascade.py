@@ -134,10 +134,8 @@ def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.Ru
         model_cfg = ModelConfig.from_dict({**cfg.model.to_dict(), "vocab_size": tokenizer.vocab_size})
     log = RunLog(workdir, config_name, variant, cfg.seed, cfg.to_dict())
     pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
-    ctx = common.RunContext(cfg, workdir, mesh, model_cfg, tokenizer, sources, log,
-                            param_shardings(model_cfg, mesh), pool)
-    ctx.pretrained = pretrained
-    return ctx
+    return common.RunContext(cfg, workdir, mesh, model_cfg, tokenizer, sources, log,
+                             param_shardings(model_cfg, mesh), pool, pretrained=pretrained)
 
 
 def evaluate_all(ctx: common.RunContext, params) -> dict:

@@ -17,6 +17,7 @@ import ml_collections
 import optax
 
 from nemocascade import checkpoint, evaluation, optim, train_state
+from nemocascade.data import pipeline
 from nemocascade.configs import stage_order
 from nemocascade.mesh import replicated, shard_batch, to_host
 from nemocascade.models import ModelConfig
@@ -84,6 +85,14 @@ def stage_rewards(stage) -> dict:
         if d not in stage.domains:
             raise ValueError(f"stage rewards names domain {d!r}, not one of the stage's domains {list(stage.domains)}")
     return {d: get_reward(stage.rewards.get(d, d)) for d in stage.domains}
+
+
+def prompt_stream(ctx: RunContext, name: str, stage):
+    """(iterator of `stage.prompts_per_step` train records of the stage's domains, records per epoch) for an
+    RL stage; seeded by the stage's index so each stage of a run sees its own order."""
+    source = mixture_source(ctx, stage.domains, "train")
+    batches = pipeline.prompt_dataset(source, stage.prompts_per_step, seed=ctx.cfg.seed + stage_index(ctx, name))
+    return iter(batches), len(source)
 
 
 def stage_index(ctx: RunContext, name: str) -> int:

@@ -28,7 +28,6 @@ import numpy as np
 import optax
 
 from nemocascade import losses
-from nemocascade.data import pipeline
 from nemocascade.models import forward
 from nemocascade.rl import filters
 from nemocascade.rl import rollouts as rollouts_lib
@@ -135,11 +134,10 @@ def run(ctx: common.RunContext, name: str, stage, params):
         raise ValueError(f"config.stages.{name}: prompts_per_step*group_size={B * G} is not divisible by "
                          f"micro_batches={stage.micro_batches}")
     tx, schedule = common.optimizer(stage)
-    source = common.mixture_source(ctx, stage.domains, "train")
-    data_iter = iter(pipeline.prompt_dataset(source, B, seed=ctx.cfg.seed + common.stage_index(ctx, name)))
+    data_iter, epoch_len = common.prompt_stream(ctx, name, stage)
     epoch_filter = (filters.EpochFilter(stage.readmit_hard, stage.readmit_easy, ctx.cfg.seed)
                     if stage.epoch_filter else None)
-    rollouts = rollouts_lib.RolloutSource(ctx, stage, data_iter, len(source), epoch_filter, common.stage_rewards(stage),
+    rollouts = rollouts_lib.RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter, common.stage_rewards(stage),
                                           scorer=rm_scorer(ctx, stage) if stage.reward_model else None)
     ref = jax.tree.map(jnp.copy, params) if stage.objective.kl else None
     step_fn = functools.partial(grpo_step, model_cfg=ctx.model_cfg, tx=tx, stage=stage)

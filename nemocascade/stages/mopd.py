@@ -30,7 +30,6 @@ import numpy as np
 import optax
 
 from nemocascade import checkpoint, losses
-from nemocascade.data import pipeline
 from nemocascade.models import forward
 from nemocascade.rl import rollouts as rollouts_lib
 from nemocascade.stages import common
@@ -120,13 +119,13 @@ def run(ctx: common.RunContext, name: str, stage, params):
     if not 0 < stage.is_low <= 1 <= stage.is_high:
         raise ValueError(f"config.stages.{name}: need 0 < is_low <= 1 <= is_high, got {stage.is_low}, {stage.is_high}")
     teachers, teacher_of, resolved = load_teachers(ctx, stage)
-    print(f"[{name}] teachers: " + ", ".join(f"{d} <- {teacher_refs(stage)[d]} ({s})" for d, s in resolved.items()),
-          flush=True)
+    refs = teacher_refs(stage)
+    print(f"[{name}] teachers: " + ", ".join(f"{d} <- {refs[d]} ({s})" for d, s in resolved.items()), flush=True)
     B, G = stage.prompts_per_step, stage.group_size
     tx, schedule = common.optimizer(stage)
-    source = common.mixture_source(ctx, stage.domains, "train")
-    data_iter = iter(pipeline.prompt_dataset(source, B, seed=ctx.cfg.seed + common.stage_index(ctx, name)))
-    rollouts = rollouts_lib.RolloutSource(ctx, stage, data_iter, len(source), rewards=common.stage_rewards(stage))
+    data_iter, epoch_len = common.prompt_stream(ctx, name, stage)
+    rollouts = rollouts_lib.RolloutSource(ctx, stage, data_iter, epoch_len, rewards=common.stage_rewards(stage))
+    stage_domain = {d: i for i, d in enumerate(stage.domains)}
     step_fn = functools.partial(mopd_step, model_cfg=ctx.model_cfg, tx=tx, stage=stage)
     trainer = common.Trainer(ctx, name, stage, params, tx, step_fn, data_iter=data_iter,
                              extra_state_fns=(rollouts.state_dict, rollouts.load_state_dict))
@@ -137,19 +136,18 @@ def run(ctx: common.RunContext, name: str, stage, params):
             records = rollouts.prompts(B)
             groups, timing = rollouts.rollouts(trainer.state.params, records, stage.max_new_tokens, rng,
                                                score=stage.log_reward)
-            domains = [r["domain"] for r in records for _ in range(G)]
             flat = lambda x: x.reshape(B * G, *x.shape[2:])  # noqa: E731
             batch = {k: flat(groups[k]) for k in ("tokens", "valid", "positions", "mask", "sampler_logp")}
             batch = rollouts_lib.trim_columns(batch)
-            batch["teacher_idx"] = np.asarray([teacher_of[d] for d in domains], np.int32)
-            batch["domain_idx"] = np.asarray([list(stage.domains).index(d) for d in domains], np.int32)
+            batch["teacher_idx"] = np.repeat([teacher_of[r["domain"]] for r in records], G).astype(np.int32)
+            batch["domain_idx"] = np.repeat([stage_domain[r["domain"]] for r in records], G).astype(np.int32)
             t0 = time.perf_counter()
             metrics = trainer.update(trainer.put(batch), teachers)
-            metrics |= {"train_s": time.perf_counter() - t0, "lr": float(schedule(step)), **timing,
-                        "response_len": float(groups["lengths"].mean()),
-                        "truncation_rate": float(groups["truncated"].mean())}
-            if stage.log_reward:  # monitoring only: MOPD has no outcome reward
-                metrics |= rollouts_lib.rollout_metrics(groups, run_domains)
+            metrics |= {"train_s": time.perf_counter() - t0, "lr": float(schedule(step)), **timing}
+            # the verifier reward is monitoring only: MOPD has no outcome reward
+            metrics |= (rollouts_lib.rollout_metrics(groups, run_domains) if stage.log_reward else
+                        {"response_len": float(groups["lengths"].mean()),
+                         "truncation_rate": float(groups["truncated"].mean())})
             if stage.eval_every and (step + 1) % stage.eval_every == 0:
                 metrics |= common.quick_eval(ctx, trainer.state.params, stage)
             trainer.log(step, metrics)
