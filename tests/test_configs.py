@@ -1,15 +1,11 @@
 """Every experiment config loads and validates in its default and tiny variants (bad stage references, unknown
 rewards or kinds fail here, not an hour into a run); the multi-stage cascades run end to end in `tiny` (slow)."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from nemocascade import cascade, configs
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NAMES = configs.known_configs()
 
 
@@ -33,10 +29,8 @@ def test_the_cascades_use_the_papers_orders():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["cascade_mini", "cascade_c1", "cascade_c2", "mopd_vs_grpo"])
-def test_tiny_cascade_runs_end_to_end(name, tmp_path):
-    cmd = [sys.executable, "experiments/run.py", f"--config={name}:tiny", f"--workdir={tmp_path}"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+def test_tiny_cascade_runs_end_to_end(name, tmp_path, run_cli):
+    run_cli(f"{name}:tiny", tmp_path, timeout=1800)
     summary = json.load(open(tmp_path / "summary.json"))
     cfg = configs.load(f"{name}:tiny")
     assert [s["name"] for s in summary["stages"]] == list(configs.stage_order(cfg))
