@@ -33,7 +33,7 @@ READ_OPTIONS = grain.ReadOptions(num_threads=2, prefetch_buffer_size=8)
 
 
 def encode_example(record: dict, tokenizer, seq_len: int,
-                   thinking: bool = True) -> dict[str, np.ndarray]:
+                   thinking: bool = True, pad: bool = True) -> dict[str, np.ndarray]:
     """One SFT example: ``tokens`` int32[seq_len] and ``loss_mask`` float32[seq_len].
 
     tokens = encode(render_prompt(prompt)) + encode(render_completion(reasoning, response)),
@@ -42,13 +42,14 @@ def encode_example(record: dict, tokenizer, seq_len: int,
     ``loss_mask[t] = 1`` iff token t belongs to the completion (the assistant's output up to and
     including ``<|im_end|>``); prompt and pad tokens are 0. With next-token prediction, the loss
     on ``logits[:, t-1]`` predicting ``tokens[:, t]`` is weighted by ``loss_mask[:, t]``.
+    ``pad=False`` leaves the (truncated) example unpadded, for packing.
     """
     prompt = tokenizer.encode(chat.render_prompt(record["prompt"], thinking=thinking))
     completion = tokenizer.encode(
         chat.render_completion(record["reasoning"], record["response"], thinking=thinking))
     ids = (list(prompt) + list(completion))[:seq_len]
     mask = ([0.0] * len(prompt) + [1.0] * len(completion))[:seq_len]
-    pad = seq_len - len(ids)
+    pad = seq_len - len(ids) if pad else 0
     return {
         "tokens": np.asarray(ids + [tokenizer.pad_id] * pad, dtype=np.int32),
         "loss_mask": np.asarray(mask + [0.0] * pad, dtype=np.float32),
@@ -63,19 +64,37 @@ def _shuffled_forever(source, seed: int) -> grain.MapDataset:
 
 
 def sft_dataset(source, tokenizer, seq_len: int, batch_size: int, seed: int,
-                thinking: bool = True) -> grain.IterDataset:
+                thinking: bool = True, pack: bool = False) -> grain.IterDataset:
     """Infinite shuffled SFT batches ``{"tokens": int32[B, L], "loss_mask": float32[B, L]}``.
 
     See :func:`encode_example` for one row. Iterator state is JSON-serialisable (module
     docstring). The stream is infinite, so every batch is full (a batch may span two epochs).
+
+    ``pack=True``: each row holds as many whole examples as fit (grain's first-fit packing over
+    ``batch_size`` bins; an example longer than ``seq_len`` is truncated, never split across rows),
+    and the batch adds ``segment_ids`` int32[B, L] (1, 2, ... per example, 0 on padding) and
+    ``positions`` int32[B, L] (0 at each example's first token) for ``forward(segment_ids=...)``.
+    A step then sees a variable number of examples (about ``batch_size * seq_len / mean length``)
+    and spends no compute on padding beyond each row's tail.
     """
     if seq_len < 1 or batch_size < 1:
         raise ValueError(f"seq_len and batch_size must be >= 1, got {seq_len}, {batch_size}")
     ds = _shuffled_forever(source, seed)
     # A partial, not a lambda: picklable for grain worker processes.
     ds = ds.map(functools.partial(encode_example, tokenizer=tokenizer, seq_len=seq_len,
-                                  thinking=thinking))
-    return ds.batch(batch_size, drop_remainder=True).to_iter_dataset(READ_OPTIONS)
+                                  thinking=thinking, pad=not pack))
+    if not pack:
+        return ds.batch(batch_size, drop_remainder=True).to_iter_dataset(READ_OPTIONS)
+    packed = grain.experimental.FirstFitPackIterDataset(
+        ds.to_iter_dataset(READ_OPTIONS), length_struct={"tokens": seq_len, "loss_mask": seq_len},
+        num_packing_bins=batch_size, shuffle_bins=False)
+    return packed.map(_packed_row).batch(batch_size, drop_remainder=True)
+
+
+def _packed_row(row: dict) -> dict[str, np.ndarray]:
+    """grain's packed features -> ours (its pad value 0 is masked by segment 0 and loss_mask 0)."""
+    return {"tokens": row["tokens"], "loss_mask": row["loss_mask"],
+            "segment_ids": row["tokens_segment_ids"], "positions": row["tokens_positions"]}
 
 
 def prompt_dataset(source, batch_size: int, seed: int) -> grain.IterDataset:

@@ -212,7 +212,7 @@ def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None):
 
 
 def forward(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None,
-            cache: KVCache | None = None, start=0, return_hidden: bool = False):
+            cache: KVCache | None = None, start=0, return_hidden: bool = False, segment_ids=None):
     """Logits for `tokens` [B, T] (float32 [B, T, vocab]).
 
     positions: rotary positions [B, T] (default 0..T-1). With left padding pass
@@ -222,6 +222,9 @@ def forward(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None
         cached slot at or before their own; returns (logits, new_cache). This is both prefill
         (start=0, T=prompt length) and decode (T=1).
     return_hidden: also return the final normed hidden state [B, T, d_model] (for scalar heads).
+    segment_ids: [B, T] int for packed rows (several sequences per row, pipeline.sft_dataset(pack=True)):
+        a token attends only to earlier tokens of its own segment; segment 0 is padding. Pass each
+        segment's own `positions` (0 at its first token). Not with `cache`.
     """
     B, T = tokens.shape
     if positions is None:
@@ -234,6 +237,10 @@ def forward(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None
     if cache is None:
         causal = jnp.tril(jnp.ones((T, T), bool))
         mask = causal[None] & valid[:, None, :]
+        if segment_ids is not None:
+            mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids > 0)[:, None, :]
+    elif segment_ids is not None:
+        raise ValueError("segment_ids (packed rows) is for training forwards; it cannot be used with a KV cache")
     else:
         kv_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, start, axis=1)
         slots = jnp.arange(cache.valid.shape[1])

@@ -3,6 +3,10 @@
     step(state, batch) -> (state, metrics)
         loss = sum_t m_t * -log p(x_t | x_<t) / sum_t m_t      (losses.token_cross_entropy)
         m_t = 1 on completion tokens (reasoning, </think>, answer, <|im_end|>); prompt and pad are 0.
+
+`pack=True` packs several examples per row (pipeline.sft_dataset): each attends only within itself, with
+its own positions, so the loss is the same token mean over the same examples with far less padding.
+A packed row's first token of an example is a prompt token (mask 0), so no loss crosses a boundary.
 """
 from __future__ import annotations
 
@@ -17,13 +21,16 @@ from nemocascade.data import pipeline
 from nemocascade.models import forward
 from nemocascade.stages import common
 
-DEFAULTS = dict(seq_len=160, batch_size=32)
+DEFAULTS = dict(seq_len=160, batch_size=32, pack=False)
 
 
 def sft_step(state: train_state.TrainState, batch, *, model_cfg, tx):
     def loss_fn(params):
         tokens = batch["tokens"]
-        logits = forward(params, model_cfg, tokens[:, :-1])
+        packed = {}
+        if "segment_ids" in batch:
+            packed = dict(positions=batch["positions"][:, :-1], segment_ids=batch["segment_ids"][:, :-1])
+        logits = forward(params, model_cfg, tokens[:, :-1], **packed)
         return losses.token_cross_entropy(logits, tokens[:, 1:], batch["loss_mask"][:, 1:])
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -38,7 +45,7 @@ def run(run_ctx: common.RunContext, name: str, stage, params):
     tx, schedule = common.optimizer(stage)
     source = common.mixture_source(run_ctx, stage.domains, "train")
     ds = pipeline.sft_dataset(source, run_ctx.tokenizer, stage.seq_len, stage.batch_size,
-                              seed=run_ctx.cfg.seed + common.stage_index(run_ctx, name))
+                              seed=run_ctx.cfg.seed + common.stage_index(run_ctx, name), pack=stage.pack)
     step_fn = functools.partial(sft_step, model_cfg=run_ctx.model_cfg, tx=tx)
     trainer = common.Trainer(run_ctx, name, stage, params, tx, step_fn, data_iter=iter(ds))
     tokens_per_step = stage.batch_size * (stage.seq_len - 1)
@@ -46,9 +53,13 @@ def run(run_ctx: common.RunContext, name: str, stage, params):
     with trainer:
         for step in trainer.steps():
             t0 = time.perf_counter()
-            metrics = trainer.update(trainer.put(next(trainer.data_iter)))
+            batch = next(trainer.data_iter)
+            metrics = trainer.update(trainer.put(batch))
             metrics["lr"] = float(schedule(step))
-            metrics["tokens_per_s"] = tokens_per_step / (time.perf_counter() - t0)
+            metrics["tokens_per_s"] = tokens_per_step / (time.perf_counter() - t0)  # incl. padding
+            if stage.pack:  # how full the rows are, and how many examples a step saw
+                metrics["pack_fill"] = float((batch["segment_ids"] > 0).mean())
+                metrics["examples"] = int(batch["segment_ids"].max(axis=1).sum())
             if stage.eval_every and (step + 1) % stage.eval_every == 0:
                 metrics |= common.quick_eval(run_ctx, trainer.state.params, stage)
             trainer.log(step, metrics)
