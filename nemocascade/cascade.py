@@ -71,6 +71,11 @@ def validate(cfg) -> None:
                                  f"(earlier: {earlier}; 'stage:init' with config.eval_init) or 'best:<domain>' "
                                  f"(domains: {sorted(cfg.data.domains)})")
         common.stage_rewards(stage)  # unknown reward names fail here, not mid-run
+        if stage.get("mix"):
+            bad = {d: w for d, w in stage.mix.items() if d not in stage.domains or not w > 0}
+            if bad:
+                raise ValueError(f"config.stages.{name}.mix: {bad} must name the stage's domains "
+                                 f"({list(stage.domains)}) with weights > 0")
         if stage.get("reward_model"):
             src = stage.reward_model
             if src not in earlier or cfg.stages[src].kind != "rm":

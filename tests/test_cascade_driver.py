@@ -82,3 +82,7 @@ def test_validate_names_bad_handoff_keys():
     c.stages.distil.teachers.math = "best:code"
     with pytest.raises(ValueError, match="teachers.math='best:code'"):
         cascade.validate(c)
+    c = _cfg()
+    c.stages.sft.mix = {"code": 2.0}  # not one of the SFT stage's domains
+    with pytest.raises(ValueError, match=r"stages.sft.mix: \{'code': 2.0\}"):
+        cascade.validate(c)

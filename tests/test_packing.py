@@ -1,18 +1,21 @@
-"""Packed SFT rows (several examples per row): the model, the SFT step and the pipeline.
+"""Packed SFT rows (several examples per row): the model, the SFT step and the pipeline; SFT mixture weights.
 
 The reference for each is the unpacked computation on the same examples (padded rows, one example per
 row), which the rest of the suite pins against transformers and hand-counted masks.
 """
+import collections
 import json
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from nemocascade.data import pipeline
 from nemocascade.models import transformer as tf
-from nemocascade.stages import sft
+from nemocascade.stages import common, sft
 from nemocascade import train_state
 from test_data import TOK, _record
 
@@ -124,3 +127,17 @@ def test_packed_pipeline_resume_is_exact():
         got = next(resumed)
         for k in want:
             np.testing.assert_array_equal(got[k], want[k])
+
+
+def test_sft_mixture_weights_set_each_domains_share():
+    """`sft.mix`: a 3:1:1 mixture interleaves 30/10/10 of every 50 records; bad weights name the key."""
+    ctx = types.SimpleNamespace(sources={d: {"train": [{"domain": d, "i": i} for i in range(100)]}
+                                         for d in ("a", "b", "c")})
+    mixed = common.mixture_source(ctx, ["a", "b", "c"], "train", {"a": 3})
+    assert collections.Counter(mixed[i]["domain"] for i in range(50)) == {"a": 30, "b": 10, "c": 10}
+    equal = common.mixture_source(ctx, ["a", "b", "c"], "train", {})
+    assert collections.Counter(equal[i]["domain"] for i in range(60)) == {"a": 20, "b": 20, "c": 20}
+    with pytest.raises(ValueError, match=r"not in the stage \['d'\]"):
+        common.mixture_source(ctx, ["a", "b"], "train", {"d": 2})
+    with pytest.raises(ValueError, match=r"non-positive \{'b': 0\}"):
+        common.mixture_source(ctx, ["a", "b"], "train", {"b": 0})

@@ -104,15 +104,24 @@ def optimizer(stage):
     return optim.make_optimizer(stage.optim, stage.steps)
 
 
-def mixture_source(ctx: RunContext, domains, split: str):
-    """One domain's source, or an equal-weight interleaving of several (grain MapDataset.mix)."""
+def mixture_source(ctx: RunContext, domains, split: str, weights=None):
+    """One domain's source, or an interleaving of several (grain MapDataset.mix): equal shares, or in
+    proportion to `weights` (domain -> weight > 0; domains not named weigh 1)."""
     missing = [d for d in domains if d not in ctx.sources]
     if missing:
         raise KeyError(f"stage asks for domain(s) {missing} but the run prepared {sorted(ctx.sources)}; "
                        f"add them to config.data")
+    weights = dict(weights or {})
+    unknown = sorted(set(weights) - set(domains))
+    bad = {d: w for d, w in weights.items() if not w > 0}
+    if unknown or bad:
+        raise ValueError(f"mixture weights: {'domains not in the stage ' + str(unknown) if unknown else ''}"
+                         f"{' and ' if unknown and bad else ''}{'non-positive ' + str(bad) if bad else ''}; "
+                         f"the stage's domains are {list(domains)}")
     if len(domains) == 1:
         return ctx.sources[domains[0]][split]
-    return grain.MapDataset.mix([grain.MapDataset.source(ctx.sources[d][split]) for d in domains])
+    return grain.MapDataset.mix([grain.MapDataset.source(ctx.sources[d][split]) for d in domains],
+                                weights=[float(weights.get(d, 1.0)) for d in domains])
 
 
 def quick_eval(ctx: RunContext, params, stage) -> dict[str, float]:

@@ -21,7 +21,8 @@ from nemocascade.data import pipeline
 from nemocascade.models import forward
 from nemocascade.stages import common
 
-DEFAULTS = dict(seq_len=160, batch_size=32, pack=False)
+# mix: domain -> weight of its share of the SFT stream (unnamed domains weigh 1; {} = equal shares)
+DEFAULTS = dict(seq_len=160, batch_size=32, pack=False, mix={})
 
 
 def sft_step(state: train_state.TrainState, batch, *, model_cfg, tx):
@@ -43,7 +44,7 @@ def sft_step(state: train_state.TrainState, batch, *, model_cfg, tx):
 def run(run_ctx: common.RunContext, name: str, stage, params):
     """Train `stage.steps` SFT steps from `params`; resumes from this stage's latest checkpoint."""
     tx, schedule = common.optimizer(stage)
-    source = common.mixture_source(run_ctx, stage.domains, "train")
+    source = common.mixture_source(run_ctx, stage.domains, "train", stage.mix)
     ds = pipeline.sft_dataset(source, run_ctx.tokenizer, stage.seq_len, stage.batch_size,
                               seed=run_ctx.cfg.seed + common.stage_index(run_ctx, name), pack=stage.pack)
     step_fn = functools.partial(sft_step, model_cfg=run_ctx.model_cfg, tx=tx)
