@@ -6,7 +6,7 @@ with `rm` (the Bradley-Terry reward model RLHF is scored by, trained from the SF
 Model, data and shared stages are cascade_c2's (`base`), so the two orders are compared like for like;
 Cascade 1's one big regression was RLHF costing instruction following, repaired by IF-RL.
 
-    python experiments/run.py --config=cascade_c1          # about an hour on 2 CPU cores
+    python experiments/run.py --config=cascade_c1          # under an hour on 2 CPU cores
     python experiments/run.py --config=cascade_c1:tiny
 """
 import importlib.util
@@ -25,7 +25,7 @@ _spec.loader.exec_module(c2)
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = c2.base("cascade_c1", arg)
     c.stages.rlhf.update(reward_mode="scalar", conciseness_bonus=0.0)  # C1: a scalar BT reward model
-    c.stages.math_rl = grpo_stage(["math"], 40)
+    c.stages.math_rl = grpo_stage(["math"], 24, **c2.RL)
     c.stage_order = ("sft", "rm", "rlhf", "if_rl", "math_rl", "code_rl", "swe_agentless", "swe_exec")
     if arg == "tiny":
         c2.shrink(c)
