@@ -87,6 +87,11 @@ def _rows(summary: dict) -> list[dict]:
     return ([{"name": "init", "eval": init["eval"]}] if init else []) + summary["stages"]
 
 
+def _label(stage: dict) -> str:
+    """A stage's name; a side branch (it does not advance the main line) in brackets: `[rlhf_branch]`."""
+    return f"[{stage['name']}]" if stage.get("side_branch") else stage["name"]
+
+
 def _domains(summary: dict) -> list[str]:
     """Eval domains in order of first appearance across the stages."""
     seen: dict[str, None] = {}
@@ -104,18 +109,19 @@ def plot_eval_by_stage(summary: dict, out_png: str) -> None:
     stages = _rows(summary)
     if not stages:
         raise ValueError("summary has no stages to plot")
-    names = [s["name"] for s in stages]
+    names = [_label(s) for s in stages]
     fig = Figure(figsize=(max(5.0, 1.2 * len(names) + 2), 4), layout="constrained")
     ax = fig.subplots()
     x = np.arange(len(names))
     for i, domain in enumerate(_domains(summary)):
         y = [100 * s["eval"][domain]["pass@1"] if domain in s["eval"] else math.nan for s in stages]
-        ax.plot(x, y, marker="o", color=f"C{i % 10}", label=domain)
+        # ten colours, then the same colours dashed, so an 11th domain never repeats a line
+        ax.plot(x, y, marker="o", color=f"C{i % 10}", linestyle=("-", "--", ":")[i // 10 % 3], label=domain)
     ax.set_xticks(x, names, rotation=30, ha="right")
     ax.set_ylabel("pass@1 (%)")
     ax.set_title(f"eval after each stage: {summary.get('config', '')}")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     _save(fig, out_png)
 
 
@@ -124,7 +130,7 @@ def eval_table_markdown(summary: dict) -> str:
 
     The header gives each domain's ``n`` when it is the same after every stage (``math (n=500)``);
     otherwise each cell carries its own (``42.0 (n=500)``). A missing eval is ``-``.
-    No trailing newline.
+    A side-branch stage's name is in brackets. No trailing newline.
     Example: ``| stage | math (n=500) |`` / ``|:--|--:|`` / ``| sft | 42.0 |``.
     """
     domains = _domains(summary)
@@ -133,7 +139,7 @@ def eval_table_markdown(summary: dict) -> str:
     header = ["stage"] + [f"{d} (n={next(iter(ns[d]))})" if len(ns[d]) == 1 else d for d in domains]
     lines = ["| " + " | ".join(header) + " |", "|:--|" + "--:|" * len(domains)]
     for s in stages:
-        cells = [s["name"]]
+        cells = [_label(s)]
         for d in domains:
             if d not in s["eval"]:
                 cells.append("-")

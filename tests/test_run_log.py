@@ -1,5 +1,6 @@
 """Tests for nemocascade.run_log and nemocascade.plots (run outputs, RUN_OUTPUT.md contract)."""
 
+import copy
 import json
 import os
 import struct
@@ -317,6 +318,9 @@ def test_eval_table_markdown_exact():
         "| grpo_math | 51.3 | 9.4 (n=32) | - |\n"
         "| mopd | 60.0 | - | 100.0 |"
     )
+    branched = copy.deepcopy(SUMMARY)
+    branched["stages"][1]["side_branch"] = True  # off the main line: bracketed
+    assert plots.eval_table_markdown(branched).splitlines()[3] == "| [grpo_math] | 51.3 | 9.4 (n=32) | - |"
 
 
 def test_trailing_mean_matches_hand_values():
