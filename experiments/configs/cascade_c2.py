@@ -55,6 +55,8 @@ def base(name: str, arg: str | None) -> ml_collections.ConfigDict:
     c.stages.longctx_rl = grpo_stage(["longctx"], 16, **RL, **LONG)
     c.stages.swe_agentless = grpo_stage(["swe"], 16, mask_if_max_reward_below=0.5, **RL, **LONG)
     c.stages.swe_exec = grpo_stage(["swe"], 16, rewards={"swe": "swe_exec"}, **RL, **LONG)
+    if arg != "tiny":  # the real benchmarks, by name, after every stage (a tiny model scores ~0: a floor, honestly)
+        c.eval.sets = {name: dict(n=32, max_prompt_len=1024, max_new_tokens=64) for name in ("humaneval", "ifbench")}
     if arg == "tiny":
         c.model.update(d_model=128, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=384)
         c.tokenizer.update(vocab_size=1024, corpus_size=400)
@@ -81,8 +83,6 @@ def shrink(c: ml_collections.ConfigDict) -> None:
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = base("cascade_c2", arg)
-    if arg != "tiny":  # the real benchmarks, by name, after every stage (a tiny model scores ~0: a floor, honestly)
-        c.eval.sets = {name: dict(n=32, max_prompt_len=1024, max_new_tokens=64) for name in ("humaneval", "ifbench")}
     c.stages.rlhf_branch = ml_collections.ConfigDict(c.stages.rlhf.to_dict())
     c.stages.rlhf_branch.update(init_from="stage:sft", side_branch=True)
     c.stages.multi_rl = grpo_stage(["mcq", "json", "tool"], 24, **RL)  # merged: short, cheap verifiers (METHOD.md)
