@@ -4,8 +4,8 @@
 
 with `rm` (the Bradley-Terry reward model RLHF is scored by, trained from the SFT policy) ahead of RLHF.
 Model, data, evaluation (HumanEval and IFBench included) and shared stages are cascade_c2's (`base`), so the two
-orders are compared like for like;
-Cascade 1's one big regression was RLHF costing instruction following, repaired by IF-RL.
+orders are compared like for like. Cascade 1's one big regression was RLHF costing instruction following,
+repaired by IF-RL.
 
     python experiments/run.py --config=cascade_c1          # 24 minutes on 2 CPU cores (measured)
     python experiments/run.py --config=cascade_c1:tiny
