@@ -7,7 +7,7 @@ Model, data, evaluation (HumanEval and IFBench included) and shared stages are c
 orders are compared like for like. Cascade 1's one big regression was RLHF costing instruction following,
 repaired by IF-RL.
 
-    python experiments/run.py --config=cascade_c1          # 24 minutes on 2 CPU cores (measured)
+    python experiments/run.py --config=cascade_c1          # 27 minutes on 2 CPU cores (measured)
     python experiments/run.py --config=cascade_c1:tiny
 """
 import importlib.util
