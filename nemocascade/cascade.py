@@ -72,8 +72,9 @@ def validate(cfg) -> None:
                                  f"(domains: {sorted(cfg.data.domains)})")
         common.stage_rewards(stage)  # unknown reward names fail here, not mid-run
         if stage.get("mix"):
-            bad = {d: w for d, w in stage.mix.items() if d not in stage.domains or not w > 0}
-            if bad:
+            unknown, nonpositive = common.bad_mix_weights(stage.domains, stage.mix)
+            if unknown or nonpositive:
+                bad = unknown | nonpositive
                 raise ValueError(f"config.stages.{name}.mix: {bad} must name the stage's domains "
                                  f"({list(stage.domains)}) with weights > 0")
         if stage.get("reward_model"):
