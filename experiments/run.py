@@ -2,10 +2,15 @@
 
 NAME is a file in experiments/configs/ (or a path to a config file); VARIANT is passed to its
 `get_config(arg)`. Every config key can be overridden on the command line. An interrupted run resumes
-where it stopped when started again with the same workdir.
+where it stopped when started again with the same workdir and config (`--allow_config_change=eval.*` lets
+named keys differ; the change is recorded in summary.json).
+
+Exit status: 0 done; 2 bad input (a config key, value, path, or a workdir started with another config);
+3 training diverged (non-finite updates); 75 workdir in use by another run; 130/143 stopped by SIGINT/SIGTERM
+at a step boundary, checkpoint saved (nemocascade/errors.py). Each prints one line, no traceback.
 """
+import difflib
 import os
-import signal
 import sys
 
 from absl import app, flags, logging
@@ -25,7 +30,7 @@ def resolve_config_arg(argv: list[str]) -> list[str]:
             try:
                 path, variant = configs.resolve(a[len("--config="):])
             except FileNotFoundError as err:
-                sys.exit(f"--config: {err}")
+                sys.exit(_bad_input(f"--config: {err}"))
             a = f"--config={path}" + (f":{variant}" if variant else "")
         out.append(a)
     return out
@@ -33,19 +38,69 @@ def resolve_config_arg(argv: list[str]) -> list[str]:
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "experiments/configs/NAME.py[:VARIANT]", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default runs/NAME[_VARIANT])")
+_ALLOW = flags.DEFINE_list("allow_config_change", [], "config keys (fnmatch patterns, e.g. eval.*) a resumed run "
+                           "may change; the change is recorded in summary.json")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "multi-host: call jax.distributed.initialize() first "
                                  "(coordinator/process ids from the environment: TPU VM, SLURM, or "
                                  "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID)")
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+def _flat_keys(cfg, prefix=""):
+    for key in cfg.keys():
+        value = cfg[key]
+        yield prefix + key
+        if hasattr(value, "keys") and not isinstance(value, str):
+            yield from _flat_keys(value, f"{prefix}{key}.")
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl parsing, but a bad `--config.KEY=VALUE` ends in one line naming the key (with the nearest valid
+    one) or the value, and exit status 2, instead of chained tracebacks."""
+    try:
+        return flags.FLAGS(argv)
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as err:
+        known = _known_keys(argv)
+        for arg in argv[1:]:
+            key = arg.split("=", 1)[0][len("--config."):] if arg.startswith("--config.") else None
+            if known and key is not None and key not in known:
+                near = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+                sys.exit(_bad_input(f"--config.{key}: no such config key"
+                                    + (f"; did you mean --config.{near[0]}?" if near else "")))
+        sys.exit(_bad_input(str(err) if isinstance(err, flags.Error) else f"{type(err).__name__}: {err}"))
+
+
+def _known_keys(argv: list[str]) -> set[str]:
+    """Every dotted key of the config `--config=` names (empty if it does not load)."""
+    from nemocascade import configs
+
+    spec = next((a[len("--config="):] for a in argv if a.startswith("--config=")), None)
+    try:
+        return set(_flat_keys(configs.load(spec))) if spec else set()
+    except Exception:  # a config file that fails to load: its own error is reported instead
+        return set()
+
+
+def _bad_input(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
 
 
 def main(argv):
     del argv
-    # preemption (SIGTERM) takes the same path as Ctrl-C: the stage saves a checkpoint, then exits
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    from nemocascade import errors, interrupts
+
+    interrupts.install()  # SIGINT/SIGTERM: finish the step, checkpoint, exit 130/143 (nemocascade/interrupts.py)
+    try:
+        run()
+    except errors.RunStop as err:
+        print(err if isinstance(err, errors.Interrupted) else f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(err.exit_code)
+    except KeyboardInterrupt:  # a second signal: stopped mid-step
+        print("stopped at once by a second signal; a resume starts from the last saved checkpoint", file=sys.stderr)
+        sys.exit(130)
+
+
+def run():
     logging.set_verbosity(logging.WARNING)  # orbax/absl INFO lines drown the progress output
     if _DISTRIBUTED.value:
         import jax
@@ -60,10 +115,10 @@ def main(argv):
     variant = cfg.get("variant") or None
     name = cfg.name
     workdir = _WORKDIR.value or os.path.join("runs", name + (f"_{variant}" if variant else ""))
-    summary = cascade.run(cfg, workdir, name, variant)
+    summary = cascade.run(cfg, workdir, name, variant, allow_changes=_ALLOW.value)
     print(f"done: {os.path.join(workdir, 'summary.json')} ({summary['total_wall_s']:.0f}s) [{spec}]")
 
 
 if __name__ == "__main__":
     flags.mark_flag_as_required("config")
-    app.run(main, argv=resolve_config_arg(sys.argv))
+    app.run(main, argv=resolve_config_arg(sys.argv), flags_parser=parse_flags)

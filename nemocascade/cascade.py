@@ -15,15 +15,18 @@ Adding a stage kind = one module in `nemocascade/stages/` + one entry in `STAGE_
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import os
 import time
 
 import jax
 
-from nemocascade import chat, checkpoint, evaluation, plots, teachers
+from nemocascade import chat, checkpoint, evaluation, interrupts, plots, teachers
+from nemocascade import workdir as workdir_lib
 from nemocascade.configs import stage_order
 from nemocascade.data import tfds_builder
+from nemocascade.errors import BadInput
 from nemocascade.mesh import make_mesh
 from nemocascade.models import ModelConfig, count_params, init_params, init_sharded, param_shardings
 from nemocascade.rewards.pool import VerifierPool
@@ -37,54 +40,111 @@ TEACHERS_OF = {"mopd": mopd.teacher_refs}  # stage kinds that distil from named 
 CURVE_KEYS = ("loss", "reward", "eval/math/pass@1")
 
 
+STAGE_CHECKS = {"sft": sft.check, "grpo": grpo.check, "mopd": mopd.check, "rm": rm.check}
+
+
 def validate(cfg) -> None:
-    """Fail fast, naming the bad key, before any expensive work."""
-    order = stage_order(cfg)
+    """Fail fast with `errors.BadInput` naming the bad key, before any expensive work: every stage of the
+    cascade is checked here, not when it starts an hour into the run."""
+    try:
+        order = stage_order(cfg)
+    except (AttributeError, TypeError) as err:
+        raise BadInput(f"config.stage_order: {err}") from None
+    if not order:
+        raise BadInput("config.stage_order is empty: name the stages to run (e.g. --config.stage_order=sft,grpo)")
     for name in order:
         if name not in cfg.stages:
-            raise ValueError(f"config.stage_order names {name!r}, not in config.stages ({sorted(cfg.stages)})")
+            near = difflib.get_close_matches(name, list(cfg.stages), n=1)
+            raise BadInput(f"config.stage_order names {name!r}, not in config.stages ({sorted(cfg.stages)})"
+                           + (f"; did you mean {near[0]!r}?" if near else ""))
     if len(set(order)) != len(order):
-        raise ValueError(f"config.stage_order repeats a stage: {order}")
+        raise BadInput(f"config.stage_order repeats a stage: {order}")
+    batch_axis = _batch_axis_size(cfg)
     for name in order:
-        stage = cfg.stages[name]
-        if stage.kind not in STAGE_KINDS:
-            raise ValueError(f"config.stages.{name}.kind={stage.kind!r} unknown; known kinds: {sorted(STAGE_KINDS)}")
-        if stage.steps < 0:
-            raise ValueError(f"config.stages.{name}.steps must be >= 0, got {stage.steps}")
-        for d in stage.domains:
-            if d not in cfg.data.domains:
-                raise ValueError(f"config.stages.{name}.domains names {d!r}, not in config.data.domains "
-                                 f"({sorted(cfg.data.domains)})")
-        if stage.optimizer_policy not in common.OPTIMIZER_POLICIES:
-            raise ValueError(f"config.stages.{name}.optimizer_policy={stage.optimizer_policy!r}; "
-                             f"choose one of {common.OPTIMIZER_POLICIES}")
-        refs = {"init_from": stage.init_from} if stage.init_from else {}
-        if stage.kind in TEACHERS_OF:
-            refs |= {f"teachers.{d}": r for d, r in TEACHERS_OF[stage.kind](stage).items()}
-        earlier = order[:order.index(name)]
-        for key, ref in refs.items():
-            kind, _, target = ref.partition(":")
-            ok = ((kind == "stage" and (target in earlier or (target == "init" and cfg.get("eval_init"))))
-                  or (kind == "best" and target in cfg.data.domains))
-            if not ok:
-                raise ValueError(f"config.stages.{name}.{key}={ref!r}: expected 'stage:<an earlier stage>' "
-                                 f"(earlier: {earlier}; 'stage:init' with config.eval_init) or 'best:<domain>' "
-                                 f"(domains: {sorted(cfg.data.domains)})")
-        common.stage_rewards(stage)  # unknown reward names fail here, not mid-run
-        if stage.get("mix"):
-            unknown, nonpositive = common.bad_mix_weights(stage.domains, stage.mix)
-            if unknown or nonpositive:
-                bad = unknown | nonpositive
-                raise ValueError(f"config.stages.{name}.mix: {bad} must name the stage's domains "
-                                 f"({list(stage.domains)}) with weights > 0")
-        if stage.get("reward_model"):
-            src = stage.reward_model
-            if src not in earlier or cfg.stages[src].kind != "rm":
-                raise ValueError(f"config.stages.{name}.reward_model={src!r}: must name an earlier stage of kind "
-                                 f"'rm' (earlier: {earlier})")
+        _validate_stage(cfg, name, cfg.stages[name], order[:order.index(name)], batch_axis)
     for key in ("batch_size", "max_prompt_len", "max_new_tokens"):
         if cfg.eval[key] <= 0:
-            raise ValueError(f"config.eval.{key} must be > 0, got {cfg.eval[key]}")
+            raise BadInput(f"config.eval.{key} must be > 0, got {cfg.eval[key]}")
+    if cfg.reward.num_workers < 0 or not cfg.reward.timeout_s > 0:
+        raise BadInput(f"config.reward: num_workers must be >= 0 and timeout_s > 0, got {dict(cfg.reward)}")
+    p = cfg.get("pretrained") or {}  # data_dir and tokenizer.path are outputs too (made when missing): not checked
+    if p.get("kind") not in (None, "", "gguf", "hf"):
+        raise BadInput(f"config.pretrained.kind={p.kind!r}; choose 'gguf', 'hf' or '' (train from scratch)")
+    if p.get("kind") and p.get("path") and not os.path.exists(p.path):
+        raise BadInput(f"config.pretrained.path={p.path!r} does not exist")
+
+
+def _batch_axis_size(cfg) -> int:
+    """Devices the leading batch dim is split over (data x fsdp of config.mesh)."""
+    try:
+        mesh = make_mesh(dict(cfg.mesh))
+    except ValueError as err:
+        raise BadInput(f"config.mesh={dict(cfg.mesh)}: {err}") from None
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def _validate_stage(cfg, name, stage, earlier, batch_axis) -> None:
+    at = f"config.stages.{name}"
+    if stage.kind not in STAGE_KINDS:
+        raise BadInput(f"{at}.kind={stage.kind!r} unknown; known kinds: {sorted(STAGE_KINDS)}")
+    problems = STAGE_CHECKS[stage.kind](stage)
+    if stage.steps < 0:
+        problems.append(f"steps must be >= 0, got {stage.steps}")
+    if stage.max_nonfinite_steps < 1:
+        problems.append(f"max_nonfinite_steps must be >= 1, got {stage.max_nonfinite_steps}")
+    if stage.optimizer_policy not in common.OPTIMIZER_POLICIES:
+        problems.append(f"optimizer_policy={stage.optimizer_policy!r}; choose one of {common.OPTIMIZER_POLICIES}")
+    try:
+        common.optimizer(stage)
+    except (ValueError, TypeError) as err:
+        problems.append(f"optim: {err}")
+    for key in ("batch_size", "prompts_per_step"):
+        if key in stage and stage[key] >= 1:
+            rows = stage[key] * (stage.group_size if key == "prompts_per_step" else 1)
+            if rows % batch_axis:
+                problems.append(f"{key}: a global batch of {rows} rows does not split over the mesh's "
+                                f"{batch_axis} data x fsdp devices")
+    if problems:
+        raise BadInput(f"{at}.{problems[0]}" + (f" (and {len(problems) - 1} more: "
+                                                f"{'; '.join(problems[1:])})" if len(problems) > 1 else ""))
+    for d in stage.domains:
+        if d not in cfg.data.domains:
+            raise BadInput(f"{at}.domains names {d!r}, not in config.data.domains ({sorted(cfg.data.domains)})")
+    refs = {"init_from": stage.init_from} if stage.init_from else {}
+    try:
+        if stage.kind in TEACHERS_OF:
+            refs |= {f"teachers.{d}": r for d, r in TEACHERS_OF[stage.kind](stage).items()}
+        common.stage_rewards(stage)  # unknown reward names fail here, not mid-run
+    except (KeyError, ValueError) as err:
+        raise BadInput(f"{at}: {err.args[0] if err.args else err}") from None
+    for key, ref in refs.items():
+        kind, _, target = ref.partition(":")
+        ok = ((kind == "stage" and (target in earlier or (target == "init" and cfg.get("eval_init"))))
+              or (kind == "best" and target in cfg.data.domains))
+        if not ok:
+            raise BadInput(f"{at}.{key}={ref!r}: expected 'stage:<an earlier stage>' (earlier: {earlier}; "
+                           f"'stage:init' with config.eval_init) or 'best:<domain>' "
+                           f"(domains: {sorted(cfg.data.domains)})")
+    if stage.get("mix"):
+        unknown, nonpositive = common.bad_mix_weights(stage.domains, stage.mix)
+        if unknown or nonpositive:
+            raise BadInput(f"{at}.mix: {unknown | nonpositive} must name the stage's domains "
+                           f"({list(stage.domains)}) with weights > 0")
+    if stage.get("reward_model"):
+        src = stage.reward_model
+        if src not in earlier or cfg.stages[src].kind != "rm":
+            raise BadInput(f"{at}.reward_model={src!r}: must name an earlier stage of kind 'rm' (earlier: {earlier})")
+
+
+def validate_data(ctx: common.RunContext) -> None:
+    """The checks that need the tokenizer and data: every SFT stage's rows leave room for a response."""
+    for name in stage_order(ctx.cfg):
+        stage = ctx.cfg.stages[name]
+        if stage.kind == "sft" and stage.steps > 0:
+            for d in stage.domains:
+                problem = sft.check_room(ctx.sources[d]["train"], ctx.tokenizer, stage.seq_len, ctx.cfg.thinking)
+                if problem:
+                    raise BadInput(f"config.stages.{name}.{problem} (domain {d!r})")
 
 
 def _corpus(sources, n):
@@ -124,8 +184,7 @@ def load_pretrained(p, mesh):
 
 
 def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.RunContext:
-    validate(cfg)
-    os.makedirs(workdir, exist_ok=True)
+    """Everything a stage needs; the caller has validated `cfg` and holds the workdir (see `run`)."""
     mesh = make_mesh(dict(cfg.mesh))
     data_dir = cfg.data.data_dir or os.path.join(workdir, "data")
     sources = {d: tfds_builder.prepare(d, data_dir, dc.num_train, dc.num_test, cfg.seed, **dc.opts.to_dict())
@@ -138,10 +197,17 @@ def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.Ru
         tok_path = cfg.tokenizer.path or os.path.join(workdir, "tokenizer.model")
         tokenizer = load_or_train(tok_path, _corpus(sources, cfg.tokenizer.corpus_size), cfg.tokenizer.vocab_size)
         model_cfg = ModelConfig.from_dict({**cfg.model.to_dict(), "vocab_size": tokenizer.vocab_size})
-    log = RunLog(workdir, config_name, variant, cfg.seed, cfg.to_dict())
+    log = RunLog(workdir, config_name, variant, cfg.seed)
     pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
-    return common.RunContext(cfg, workdir, mesh, model_cfg, tokenizer, sources, log,
-                             param_shardings(model_cfg, mesh), pool, pretrained=pretrained)
+    ctx = common.RunContext(cfg, workdir, mesh, model_cfg, tokenizer, sources, log,
+                            param_shardings(model_cfg, mesh), pool, pretrained=pretrained)
+    try:
+        validate_data(ctx)
+    except BaseException:
+        ctx.pool.close()
+        log.close()
+        raise
+    return ctx
 
 
 def evaluate_all(ctx: common.RunContext, params) -> dict:
@@ -175,14 +241,34 @@ def _final_path(ctx, name):
     return os.path.join(ctx.workdir, "checkpoints", "final", name)
 
 
-def run(cfg, workdir: str, config_name: str, variant: str | None = None) -> dict:
-    """Run (or resume) the whole cascade; returns the summary dict (also in workdir/summary.json)."""
+def run(cfg, workdir: str, config_name: str, variant: str | None = None, allow_changes=()) -> dict:
+    """Run (or resume) the whole cascade; returns the summary dict (also in workdir/summary.json).
+
+    The workdir is locked for the run (one run per workdir) and a resume must use the config the workdir was
+    started with, except keys matching a pattern in `allow_changes` (nemocascade/workdir.py)."""
+    validate(cfg)
+    lock = workdir_lib.WorkdirLock(workdir)
+    if jax.process_index() == 0:  # flock is per host: one holder per run
+        lock.acquire()
+    try:
+        changes = workdir_lib.check_config(workdir, cfg.to_dict(), allow_changes)
+        return _run_locked(cfg, workdir, config_name, variant, changes)
+    finally:
+        lock.release()
+
+
+def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
     t_start = time.time()
     ctx = setup(cfg, workdir, config_name, variant)
     try:
         ckpt_dir = os.path.join(workdir, "checkpoints")
         teachers.check_manifest(ckpt_dir, teachers.manifest(
             cfg, common.stage_rewards, lambda st: TEACHERS_OF[st.kind](st) if st.kind in TEACHERS_OF else None))
+        workdir_lib.save_config(workdir, cfg.to_dict())  # every resume check passed: this is the run's config now
+        if changes:
+            ctx.log.record_config_changes(changes)
+            print("resumed with allowed config changes: " + ", ".join(f"{k} {o!r} -> {n!r}" for k, o, n in changes),
+                  flush=True)
         ctx.registry = teachers.Registry(ckpt_dir)
         init = ctx.pretrained if ctx.pretrained is not None else init_sharded(ctx.model_cfg, ctx.mesh,
                                                                               jax.random.key(cfg.seed))
@@ -202,6 +288,7 @@ def run(cfg, workdir: str, config_name: str, variant: str | None = None) -> dict
         main = None  # the last finished main-line stage: where the next stage starts by default
         loaded = (None, init)  # (stage name, params) in memory, so a handoff does not reload from disk
         for name in stage_order(cfg):
+            interrupts.check(f"before stage {name!r}")
             stage = cfg.stages[name]
             if ctx.log.stage_done(name):
                 print(f"[{name}] already done", flush=True)

@@ -4,13 +4,28 @@ Orbax `CheckpointManager` under `workdir/checkpoints/<stage>/`, one numbered ste
 written atomically by orbax (a crash mid-save leaves no half checkpoint that `latest_step` would pick).
 Restoring places every array straight into the shardings of an abstract target state, so a run resumed
 on another mesh reshards on load.
+
+A step that cannot be read (files truncated, deleted or garbled after it was written) is reported in one line
+and the next older step is tried; with none left the error names the directory. `save_params` writes beside
+the target and renames into place, so the old params stay whole until the new ones are.
 """
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import uuid
 
 import jax
 import orbax.checkpoint as ocp
+
+from nemocascade.errors import BadInput
+
+
+def _why(err: BaseException) -> str:
+    """The first line of an orbax/TensorStore error (they run to dozens of lines)."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:200] if text else ''}"
 
 
 class StageCheckpointer:
@@ -32,14 +47,37 @@ class StageCheckpointer:
         return saved
 
     def restore(self, abstract_state, step: int | None = None):
-        """Returns (state, data_state) of `step` (default: latest). `abstract_state` is a pytree of
-        `jax.ShapeDtypeStruct` with shardings (e.g. from `jax.eval_shape` + shardings)."""
-        step = self.latest_step() if step is None else step
+        """Returns (state, data_state) of `step`. `abstract_state` is a pytree of `jax.ShapeDtypeStruct` with
+        shardings (e.g. from `jax.eval_shape` + shardings)."""
         if step is None:
-            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+            return self.restore_latest_good(abstract_state)[1:]
         out = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
         return out["state"], out["data"]
+
+    def restore_latest_good(self, abstract_state):
+        """(step, state, data_state) of the newest step that restores; unreadable ones are reported on stderr,
+        one line each, and skipped. FileNotFoundError if there is no step, BadInput if none restores."""
+        steps = sorted(self.manager.all_steps(), reverse=True)
+        if not steps:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        for step in steps:
+            try:
+                state, data = self.restore(abstract_state, step)
+            except Exception as err:  # orbax/TensorStore raise many types for damaged files
+                print(f"checkpoint {self.directory}/{step} is unreadable ({_why(err)}); trying an older one",
+                      file=sys.stderr)
+                continue
+            return step, state, data
+        raise BadInput(f"no readable checkpoint in {self.directory} (steps {steps} all failed to restore); "
+                       "delete the directory to restart this stage from its start")
+
+    def drop_after(self, step: int) -> None:
+        """Delete steps newer than `step` (the unreadable ones a resume skipped), so the next save of those
+        step numbers is not refused as already present."""
+        for s in self.manager.all_steps():
+            if s > step:
+                self.manager.delete(s)
 
     def close(self):
         self.manager.wait_until_finished()
@@ -52,12 +90,27 @@ def abstract_like(tree, shardings):
 
 
 def save_params(path: str, params):
-    """One-off params checkpoint (a stage's final params, a teacher). Overwrites atomically."""
+    """One-off params checkpoint (a stage's final params, a teacher). Written to a sibling directory, then
+    renamed into place: a crash leaves either the old params or the new ones at `path`, never a mix."""
     path = os.path.abspath(path)
+    tmp, old = f"{path}.tmp-{uuid.uuid4().hex[:8]}", f"{path}.old"
     with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(path, params, force=True)
+        ckptr.save(tmp, params)
+    if os.path.exists(path):
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(path, old)
+    os.rename(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_params(path: str, abstract_params):
-    with ocp.StandardCheckpointer() as ckptr:
-        return ckptr.restore(os.path.abspath(path), abstract_params)
+    """Params saved by `save_params`; BadInput naming `path` if they are missing or unreadable."""
+    path = os.path.abspath(path)
+    if not os.path.exists(path) and os.path.exists(f"{path}.old"):
+        path = f"{path}.old"  # killed between the two renames of save_params
+    try:
+        with ocp.StandardCheckpointer() as ckptr:
+            return ckptr.restore(path, abstract_params)
+    except Exception as err:
+        raise BadInput(f"params checkpoint {path} is missing or unreadable ({_why(err)}); rerun the stage "
+                       "that wrote it (delete its entry from summary.json) or restore the directory") from None

@@ -30,7 +30,8 @@ def stage_order(cfg) -> list[str]:
     """Stage names in run order. ConfigDict iterates its keys sorted, so the order is explicit data:
     `config.stage_order` (a tuple, or a comma-separated string from the command line)."""
     order = cfg.stage_order
-    return [s.strip() for s in order.split(",") if s.strip()] if isinstance(order, str) else list(order)
+    parts = [order] if isinstance(order, str) else list(order)  # `--config.stage_order=a,b` may arrive as ("a,b",)
+    return [s.strip() for p in parts for s in str(p).split(",") if s.strip()]
 
 
 def load(spec: str, **overrides):

@@ -1,4 +1,4 @@
-"""What a run leaves behind: metrics.jsonl, TensorBoard, summary.json, config.json, progress lines.
+"""What a run leaves behind: metrics.jsonl, TensorBoard, summary.json, progress lines (config.json: workdir.py).
 
 The file layout is the contract in /work/shared/RUN_OUTPUT.md; other tools read it, so the key names
 below are not ours to change:
@@ -34,11 +34,11 @@ from typing import Any, Iterable
 import tensorboardX
 import tqdm
 
+from nemocascade.errors import BadInput
 from nemocascade.files import atomic_write
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
-CONFIG_FILE = "config.json"
 TB_DIR = "tb"
 
 # Keys each metrics.jsonl line owns; a metric of the same name would silently overwrite them.
@@ -57,13 +57,6 @@ def _to_float(key: str, value: Any) -> float:
         raise ValueError(
             f"metric {key!r}: cannot convert {type(value).__name__} {value!r:.80} to a float scalar ({e})"
         ) from None
-
-
-def _json_default(obj: Any) -> Any:
-    """Lets config dicts hold numpy/jax scalars and arrays; anything else is recorded by its str()."""
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
-    return str(obj)
 
 
 def load_metrics(path: str) -> list[dict]:
@@ -105,7 +98,7 @@ class RunLog:
     estimate); ``finish`` sets the measured total.
     """
 
-    def __init__(self, workdir: str, config_name: str, variant: str | None, seed: int, config_dict: dict | None = None):
+    def __init__(self, workdir: str, config_name: str, variant: str | None, seed: int):
         self.workdir = workdir
         os.makedirs(workdir, exist_ok=True)
         self._summary_path = os.path.join(workdir, SUMMARY_FILE)
@@ -120,17 +113,12 @@ class RunLog:
             # Skipping "finished" stages of a different run would silently mix two experiments.
             for key, want in (("config", config_name), ("variant", variant), ("seed", seed)):
                 if self.summary.get(key) != want:
-                    raise ValueError(
+                    raise BadInput(
                         f"{self._summary_path} belongs to a run with {key}="
                         f"{self.summary.get(key)!r}, not {want!r}; use another workdir"
                     )
         else:
             self.summary = {"config": config_name, "variant": variant, "seed": seed, "stages": [], "total_wall_s": 0.0}
-        if config_dict is not None:
-            atomic_write(
-                os.path.join(workdir, CONFIG_FILE),
-                json.dumps(config_dict, indent=2, sort_keys=True, default=_json_default),
-            )
         self._reindex_metrics()
 
     # ---- metrics.jsonl + TensorBoard ------------------------------------------------------------
@@ -301,6 +289,16 @@ class RunLog:
         self.summary["total_wall_s"] = sum(s["wall_s"] for s in stages)
         self._write_summary()
         return entry
+
+    def record_config_changes(self, changes: list[tuple[str, object, object]]) -> None:
+        """Config keys a resume was allowed to change (`workdir.check_config`), as `summary["config_changes"]`:
+        one entry per start that changed something, so the summary says which stages ran under which values."""
+        if changes:
+            entry = {"time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                     "after_stages": [s["name"] for s in self.summary["stages"]],
+                     "changes": [{"key": k, "old": o, "new": n} for k, o, n in changes]}
+            self.summary.setdefault("config_changes", []).append(entry)
+            self._write_summary()
 
     def set_init(self, eval: dict[str, dict], wall_s: float) -> None:
         """The starting model's held-out scores (before any stage), as ``summary["init"]``."""

@@ -60,13 +60,17 @@ def test_side_branch_keep_optimizer_mopd_and_resume(tmp_path):
     # the branch trained from sft, not from grpo: its params differ from grpo's final params
     assert not np.allclose(_embed(reg["stages"]["grpo"]["path"]), _embed(reg["stages"]["branch"]["path"]))
 
-    # resume: everything done -> no training; a changed teacher mapping is refused, naming the key
+    # resume: everything done -> no training; a changed teacher mapping is refused, naming the key (by the
+    # workdir's recorded config; with that key allowed to change, the teacher manifest still refuses it)
     again = cascade.run(_cfg(), wd, "driver_test")
     assert [s["name"] for s in again["stages"]] == ["sft", "grpo", "branch", "distil"]
     c2 = _cfg()
     c2.stages.distil.teachers.math = "best:math"
-    with pytest.raises(ValueError, match=r"teachers\['distil'\]"):
+    with pytest.raises(ValueError, match=r"stages\.distil\.teachers\.math: 'stage:branch' -> 'best:math'"):
         cascade.run(c2, wd, "driver_test")
+    with pytest.raises(ValueError, match=r"teachers\['distil'\]"):
+        cascade.run(c2, wd, "driver_test", allow_changes=["stages.distil.teachers.*"])
+    assert json.load(open(f"{wd}/config.json"))["stages"]["distil"]["teachers"] == {"math": "stage:branch"}
 
 
 def test_validate_names_bad_handoff_keys():

@@ -11,7 +11,7 @@ import pytest
 import tqdm
 from tensorboardX.proto import event_pb2
 
-from nemocascade import plots
+from nemocascade import plots, workdir
 from nemocascade.run_log import RunLog, load_metrics, progress
 
 TOP_KEYS = ["config", "variant", "seed", "stages", "total_wall_s"]
@@ -49,7 +49,8 @@ def _scalars(events):
 def test_summary_keys_atomic_writes_and_replace_by_name(tmp_path):
     wd = str(tmp_path / "run")
     config = {"rl": {"lr": np.float32(0.5)}, "b": (1, 2)}
-    log = RunLog(wd, "cascade_math", None, 0, config_dict=config)
+    workdir.save_config(wd, config)
+    log = RunLog(wd, "cascade_math", None, 0)
     assert json.load(open(os.path.join(wd, "config.json"))) == {"b": [1, 2], "rl": {"lr": 0.5}}
     log.end_stage("sft", "sft", ["math"], 300, 95.2, {"math": {"pass@1": 0.42, "n": 500}})
     s = json.load(open(os.path.join(wd, "summary.json")))

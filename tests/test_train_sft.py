@@ -7,20 +7,14 @@ import jax
 import numpy as np
 import pytest
 
-from nemocascade import cascade, checkpoint, configs
+from nemocascade import cascade, checkpoint
 from nemocascade.stages import common
+
+from conftest import tiny_sft_config
 
 
 def _cfg(tmp_path, steps=6):
-    cfg = configs.load("sft_math:tiny")
-    cfg.data.data_dir = str(tmp_path / "data")           # shared by both runs: built once
-    cfg.tokenizer.path = str(tmp_path / "tok" / "t.model")
-    cfg.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
-    cfg.data.domains.math.update(num_train=256, num_test=8)
-    cfg.eval.update(n=8, batch_size=8, max_new_tokens=24)
-    cfg.reward.num_workers = 0
-    cfg.stages.sft.update(steps=steps, batch_size=4, seq_len=96, checkpoint_every=4, eval_every=0)
-    return cfg
+    return tiny_sft_config(tmp_path, steps)
 
 
 def _final_params(workdir):

@@ -7,18 +7,21 @@ drives `Trainer.steps()`; everything about *where* state lives and how it surviv
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from typing import Any, Callable
 
 import grain
 import jax
+import jax.numpy as jnp
 import ml_collections
 import optax
 
-from nemocascade import checkpoint, evaluation, optim, train_state
+from nemocascade import checkpoint, evaluation, interrupts, optim, train_state
 from nemocascade.data import pipeline
 from nemocascade.configs import stage_order
+from nemocascade.errors import Diverged, RunStop
 from nemocascade.mesh import replicated, shard_batch, to_host
 from nemocascade.models import ModelConfig
 from nemocascade.rewards import get_reward
@@ -34,6 +37,9 @@ COMMON_DEFAULTS = dict(
     # learning-rate schedule still starts at its own step 0)
     optimizer_policy="reset",
     rewards={},  # domain -> REWARDS key, overriding the domain's own reward for this stage's training
+    # a step whose loss, gradient norm or new params are not finite is skipped (params and optimiser state
+    # unchanged, `skipped_nonfinite` = 1 in its metrics row); this many in a row stop the run (errors.Diverged)
+    max_nonfinite_steps=3,
 )
 OPTIMIZER_POLICIES = ("reset", "keep")
 
@@ -150,11 +156,29 @@ def eval_settings(ctx: RunContext, domain: str | None = None) -> dict:
     return out | {k: dc[k] for k in ("max_prompt_len", "max_new_tokens") if dc is not None and dc.get(k)}
 
 
+def _skip_nonfinite(step_fn):
+    """`step_fn` whose update is discarded (params and optimiser state kept, step counter advanced) when its
+    loss, gradient norm or new params are not finite; metrics gain `skipped_nonfinite` (1.0 or 0.0). One
+    reduction over the params per step: cheap next to the step, and what guarantees no checkpoint ever holds
+    a NaN or an inf."""
+    def guarded(state, batch, *args):
+        new, metrics = step_fn(state, batch, *args)
+        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
+        for leaf in jax.tree.leaves(new.params):
+            finite &= jnp.all(jnp.isfinite(leaf))
+        keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(finite, x, y), a, b)  # noqa: E731
+        new = new.replace(params=keep(new.params, state.params), opt_state=keep(new.opt_state, state.opt_state))
+        return new, {**metrics, "skipped_nonfinite": 1.0 - finite.astype(jnp.float32)}
+    return guarded
+
+
 class Trainer:
     """One stage's training state on the mesh, its jitted step, checkpoints and metrics.
 
-    Use as a context manager around the step loop: leaving it with an exception (Ctrl-C, preemption
-    signal turned into KeyboardInterrupt, an error) saves a checkpoint of the last completed step first.
+    Use as a context manager around the step loop. SIGINT/SIGTERM (`nemocascade.interrupts`) stop the loop at
+    the next step boundary, after that step's metrics row and a checkpoint are written; leaving it with any other
+    exception (a second Ctrl-C, an error) saves a checkpoint of the last completed step first. Updates that are
+    not finite are skipped (`_skip_nonfinite`) and `max_nonfinite_steps` of them in a row stop the run.
     """
 
     def __init__(self, ctx: RunContext, name: str, stage, params, tx, step_fn: Callable, data_iter=None,
@@ -173,7 +197,8 @@ class Trainer:
         latest = self.ckpt.latest_step()
         if latest is not None:
             abstract = checkpoint.abstract_like(state_shape, self.state_shardings)
-            self.state, data_state = self.ckpt.restore(abstract, latest)
+            latest, self.state, data_state = self.ckpt.restore_latest_good(abstract)
+            self.ckpt.drop_after(latest)
             if data_iter is not None and data_state.get("iterator") is not None:
                 data_iter.set_state(data_state["iterator"])
             if self._extra and data_state.get("extra") is not None:
@@ -186,8 +211,11 @@ class Trainer:
                 self.state = self.state.replace(opt_state=self._carried_opt_state(state_shape))
             ctx.log.truncate_after(name, -1)
         self._data_state = self._snapshot()
-        self._step = jax.jit(step_fn, donate_argnums=0, out_shardings=(self.state_shardings, replicated(mesh)))
+        self._step = jax.jit(_skip_nonfinite(step_fn), donate_argnums=0,
+                             out_shardings=(self.state_shardings, replicated(mesh)))
         self._bar = None
+        self._nonfinite_run = 0  # consecutive skipped steps
+        self._diverged = ""  # why the run must stop after the current step, once too many were skipped
 
     def _carried_opt_state(self, state_shape):
         """optimizer_policy="keep": the optimiser state the start stage ended with (Adam moments and count),
@@ -215,7 +243,11 @@ class Trainer:
         with self._bar:
             for step in self._bar:
                 yield step
-                self.ckpt.save(step + 1, self.state, self._data_state)
+                stop = interrupts.requested() or self._diverged
+                self.ckpt.save(step + 1, self.state, self._data_state, force=bool(stop))
+                if self._diverged:
+                    raise Diverged(self._diverged)
+                interrupts.check(f"after {self.name} step {step + 1}/{self.stage.steps} (checkpoint saved)")
 
     def put(self, batch):
         return shard_batch(self.ctx.mesh, batch)
@@ -226,7 +258,21 @@ class Trainer:
         snapshot = self._snapshot()
         self.state, metrics = self._step(self.state, batch, *args)
         self._data_state = snapshot
-        return {k: float(v) for k, v in to_host(metrics).items()}
+        metrics = {k: float(v) for k, v in to_host(metrics).items()}
+        if not metrics["skipped_nonfinite"]:
+            self._nonfinite_run = 0
+            return metrics
+        self._nonfinite_run += 1
+        step = int(self.state.step) - 1
+        bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
+        print(f"[{self.name}] step {step}: non-finite {sorted(bad) or ['params']}, update skipped "
+              f"({self._nonfinite_run}/{self.stage.max_nonfinite_steps} in a row)", file=sys.stderr)
+        if self._nonfinite_run >= self.stage.max_nonfinite_steps:  # `steps` stops after this step is logged
+            self._diverged = (f"stage {self.name!r}: {self._nonfinite_run} non-finite updates in a row (last at step "
+                              f"{step}: {sorted(bad) or ['params']}); stopped with the last good params in checkpoint "
+                              f"{self.ckpt.directory}/{int(self.state.step)}. Lower config.stages.{self.name}.optim.lr "
+                              "or raise max_nonfinite_steps")
+        return {k: v for k, v in metrics.items() if k not in bad}  # NaN has no place in metrics.jsonl
 
     def log(self, step: int, metrics: dict):
         self.ctx.log.log_step(self.name, step, metrics)
@@ -248,7 +294,9 @@ class Trainer:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is not None:
+        if exc_type is not None and issubclass(exc_type, RunStop):  # stopped on purpose, state already saved
+            self.ckpt.close()
+        elif exc_type is not None:
             try:
                 step = int(self.state.step)
                 if self.ckpt.latest_step() != step:

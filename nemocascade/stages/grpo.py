@@ -51,6 +51,37 @@ REWARD_MODES = ("scalar", "pairwise")
 TERMS = ("pg", "kl", "entropy")
 
 
+def check(stage) -> list[str]:
+    """What is wrong with a GRPO stage's settings, as `key: problem` lines (empty: fine); run at validation."""
+    from nemocascade.rl.filters import OVERLONG_MODES
+
+    B, G = stage.prompts_per_step, stage.group_size
+    bad = [f"objective.{k}: unknown term; terms: {TERMS}" for k in stage.objective if k not in TERMS]
+    bad += [f"group_size={G}: the group baseline needs >= 2 rollouts per prompt (one is always its own mean: "
+            "advantage 0, nothing trains)"] if G < 2 else []
+    bad += [f"prompts_per_step={B} must be >= 1"] if B < 1 else []
+    bad += [f"micro_batches={stage.micro_batches} must divide prompts_per_step*group_size={B * G}"] if (
+        stage.micro_batches < 1 or (B * G) % stage.micro_batches) else []
+    curriculum = list(stage.length_curriculum)
+    if not curriculum or min(s for s, _ in curriculum) != 0 or min(n for _, n in curriculum) < 1:
+        bad.append(f"length_curriculum={curriculum}: needs an entry at step 0 and max_new_tokens >= 1 everywhere "
+                   "(room for a response)")
+    bad += [f"max_prompt_len={stage.max_prompt_len} must be >= 0 (0: config.eval.max_prompt_len)"] if (
+        stage.max_prompt_len < 0) else []
+    bad += [f"kl_estimator={stage.kl_estimator!r}; choose one of {losses.KL_ESTIMATORS}"] if (
+        stage.kl_estimator not in losses.KL_ESTIMATORS) else []
+    bad += [f"aggregation={stage.aggregation!r}; choose one of {losses.AGGREGATIONS}"] if (
+        stage.aggregation not in losses.AGGREGATIONS) else []
+    bad += [f"overlong={stage.overlong!r}; choose one of {OVERLONG_MODES}"] if (
+        stage.overlong not in OVERLONG_MODES) else []
+    bad += [f"reward_mode={stage.reward_mode!r}; choose one of {REWARD_MODES}"] if (
+        stage.reward_mode not in REWARD_MODES) else []
+    bad += [f"temperature={stage.temperature} must be > 0"] if not stage.temperature > 0 else []
+    bad += [f"top_p={stage.top_p} must be in (0, 1]"] if not 0 < stage.top_p <= 1 else []
+    bad += [f"refill_rounds={stage.refill_rounds} must be >= 1"] if stage.refill_rounds < 1 else []
+    return bad
+
+
 def max_new_tokens_at(stage, step: int) -> int:
     return max((s, n) for s, n in stage.length_curriculum if s <= step)[1]
 
@@ -126,13 +157,8 @@ def build_batch(groups, stage, target: int, bucket: int = 16, group_bucket: int 
 
 
 def run(ctx: common.RunContext, name: str, stage, params):
-    for key in stage.objective:
-        if key not in TERMS:
-            raise ValueError(f"config.stages.{name}.objective.{key}: unknown term; terms: {TERMS}")
-    B, G = stage.prompts_per_step, stage.group_size
-    if (B * G) % stage.micro_batches:
-        raise ValueError(f"config.stages.{name}: prompts_per_step*group_size={B * G} is not divisible by "
-                         f"micro_batches={stage.micro_batches}")
+    """Train `stage.steps` GRPO steps from `params` (settings checked by `check` at validation)."""
+    B = stage.prompts_per_step
     tx, schedule = common.optimizer(stage)
     data_iter, epoch_len = common.prompt_stream(ctx, name, stage)
     epoch_filter = (filters.EpochFilter(stage.readmit_hard, stage.readmit_easy, ctx.cfg.seed)
@@ -179,8 +205,6 @@ def rm_scorer(ctx, stage):
     from nemocascade.rewards import rm as rm_rewards  # RLHF stages only
     from nemocascade.stages import rm as rm_stage
 
-    if stage.reward_mode not in REWARD_MODES:
-        raise ValueError(f"reward_mode={stage.reward_mode!r}; choose one of {REWARD_MODES}")
     scorer = rm_rewards.RewardModelScorer.load(
         rm_stage.rm_path(ctx.workdir, stage.reward_model), ctx.model_cfg, ctx.tokenizer, mesh=ctx.mesh,
         batch_size=stage.prompts_per_step * stage.group_size, max_len=stage.rm_max_len)

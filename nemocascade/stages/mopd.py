@@ -113,11 +113,21 @@ def load_teachers(ctx, stage) -> tuple[tuple, dict[str, int], dict[str, str]]:
     return params, {d: order.index(s) for d, s in resolved.items()}, resolved
 
 
+def check(stage) -> list[str]:
+    """What is wrong with a MOPD stage's settings, as `key: problem` lines (empty: fine); run at validation."""
+    bad = [f"objective={stage.objective!r} unknown; known: {OBJECTIVES}"] if stage.objective not in OBJECTIVES else []
+    bad += [f"is_low={stage.is_low}, is_high={stage.is_high}: need 0 < is_low <= 1 <= is_high"] if not (
+        0 < stage.is_low <= 1 <= stage.is_high) else []
+    bad += [f"{k}={stage[k]} must be >= 1" for k in ("prompts_per_step", "group_size", "max_new_tokens")
+            if stage[k] < 1]
+    bad += [f"max_prompt_len={stage.max_prompt_len} must be >= 0 (0: config.eval.max_prompt_len)"] if (
+        stage.max_prompt_len < 0) else []
+    bad += [f"temperature={stage.temperature} must be > 0"] if not stage.temperature > 0 else []
+    bad += [f"top_p={stage.top_p} must be in (0, 1]"] if not 0 < stage.top_p <= 1 else []
+    return bad
+
+
 def run(ctx: common.RunContext, name: str, stage, params):
-    if stage.objective not in OBJECTIVES:
-        raise ValueError(f"config.stages.{name}.objective={stage.objective!r} unknown; known: {OBJECTIVES}")
-    if not 0 < stage.is_low <= 1 <= stage.is_high:
-        raise ValueError(f"config.stages.{name}: need 0 < is_low <= 1 <= is_high, got {stage.is_low}, {stage.is_high}")
     teachers, teacher_of, resolved = load_teachers(ctx, stage)
     refs = teacher_refs(stage)
     print(f"[{name}] teachers: " + ", ".join(f"{d} <- {refs[d]} ({s})" for d, s in resolved.items()), flush=True)

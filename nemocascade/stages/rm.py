@@ -37,6 +37,12 @@ from nemocascade.stages import common
 DEFAULTS = dict(domains=("pref",), seq_len=96, batch_size=32, margin=0.0, head_std=0.0, eval_pairs=512)
 
 
+def check(stage) -> list[str]:
+    """What is wrong with a reward-model stage's settings; run at validation."""
+    return [f"{k}={stage[k]} must be >= {lo}" for k, lo in (("batch_size", 1), ("seq_len", 8), ("eval_pairs", 0))
+            if stage[k] < lo]
+
+
 def rm_path(workdir: str, name: str) -> str:
     """Where stage `name` saves its reward model (``checkpoint.save_params``; load with ``rewards.rm.load``)."""
     return os.path.join(workdir, "checkpoints", "rm", name)

@@ -25,6 +25,27 @@ from nemocascade.stages import common
 DEFAULTS = dict(seq_len=160, batch_size=32, pack=False, mix={})
 
 
+MIN_SEQ_LEN = 8  # a prompt's chat frame alone takes a few tokens: shorter rows can hold no response
+
+
+def check(stage) -> list[str]:
+    """What is wrong with an SFT stage's settings (the data-aware check is `check_room`)."""
+    bad = [f"batch_size={stage.batch_size} must be >= 1"] if stage.batch_size < 1 else []
+    return bad + ([f"seq_len={stage.seq_len} leaves no room for a response (minimum {MIN_SEQ_LEN})"]
+                  if stage.seq_len < MIN_SEQ_LEN else [])
+
+
+def check_room(source, tokenizer, seq_len: int, thinking: bool, sample: int = 64) -> str | None:
+    """None if at least one of the first `sample` examples keeps a trained token within `seq_len`, else what
+    goes wrong: SFT on such rows would train on nothing (every completion token cut off)."""
+    n = min(sample, len(source))
+    kept = [pipeline.encode_example(source[i], tokenizer=tokenizer, seq_len=seq_len, thinking=thinking, pad=True)
+            ["loss_mask"][1:].sum() for i in range(n)]
+    if n and max(kept) == 0:
+        return f"seq_len={seq_len} cuts off every response of the first {n} training examples (prompts are longer)"
+    return None
+
+
 def sft_step(state: train_state.TrainState, batch, *, model_cfg, tx):
     def loss_fn(params):
         tokens = batch["tokens"]

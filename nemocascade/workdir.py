@@ -1,0 +1,141 @@
+"""A workdir holds one run: an exclusive lock while a process uses it, and the config it was started with.
+
+Lock. `workdir/.lock` is `flock`ed (exclusive, non-blocking) for the whole run and holds the owner's pid, host
+and start time. The kernel drops the lock when the process dies however it dies, so a killed run never leaves
+a stale lock; a second run on the same workdir stops at once with `errors.WorkdirBusy` naming the holder.
+(flock is per host: on a network filesystem shared by several hosts only process 0 of a run takes it.)
+
+Config. The first start writes the full resolved config to `config.json` (`save_config`). A later start on the
+same workdir is a resume: its config must equal the recorded one, key by key, or it is refused
+(`errors.BadInput`) with every changed key listed as `old -> new`. Exceptions:
+  * stages added at the end of `stage_order` (or dropped from its end), with their `stages.<name>.*` keys:
+    extending a finished run with new arms is the same run, grown;
+  * keys matching a pattern in `allow` (fnmatch, e.g. `eval.n` or `eval.*`): the change is accepted and
+    returned, so the driver records it in the run log and then saves the new config as the reference.
+"""
+from __future__ import annotations
+
+import fcntl
+import fnmatch
+import json
+import os
+import socket
+import time
+
+from nemocascade.errors import BadInput, WorkdirBusy
+from nemocascade.files import atomic_write
+
+LOCK_FILE = ".lock"
+CONFIG_FILE = "config.json"
+
+
+class WorkdirLock:
+    """Context manager holding `workdir/.lock` exclusively (see the module docstring)."""
+
+    def __init__(self, workdir: str):
+        self.path = os.path.join(workdir, LOCK_FILE)
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace")
+            os.close(fd)
+            try:
+                h = json.loads(holder)
+                who = f"pid {h['pid']} on host {h['host']} (since {h['started']})"
+            except (ValueError, KeyError, TypeError):
+                who = "another process (no owner recorded yet)"
+            raise WorkdirBusy(f"workdir {os.path.dirname(self.path)} is in use by {who}; one run per workdir: "
+                              "wait for it, stop it, or pass another --workdir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                                 "started": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
+        os.fsync(fd)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> WorkdirLock:
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _plain(obj):
+    """JSON round trip (tuples -> lists, numpy scalars -> numbers) so a recorded and a live config compare."""
+    return json.loads(json.dumps(obj, sort_keys=True, default=lambda o: o.tolist() if hasattr(o, "tolist")
+                                 else str(o)))
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}. An empty dict stays a leaf, so adding its first key is a change."""
+    out = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out |= flatten(value, path + ".")
+        else:
+            out[path] = value
+    return out
+
+
+def _order(value) -> list[str]:
+    return [s.strip() for s in value.split(",") if s.strip()] if isinstance(value, str) else list(value)
+
+
+def config_changes(old: dict, new: dict) -> tuple[list[tuple[str, object, object]], bool]:
+    """(changed keys as (key, old, new) with `<absent>` for a missing side, whether `stage_order` only grew or
+    shrank at its end). Keys of a stage in only one of the two orders do not count as changes then."""
+    old, new = _plain(old), _plain(new)
+    o_order, n_order = _order(old.get("stage_order", [])), _order(new.get("stage_order", []))
+    old["stage_order"], new["stage_order"] = o_order, n_order
+    short, long_ = sorted((o_order, n_order), key=len)
+    grown = long_[len(short):] if long_[:len(short)] == short else []
+    exempt = {f"stages.{s}." for s in grown}
+    if grown:
+        old.pop("stage_order")
+        new.pop("stage_order")
+    fo, fn = flatten(old), flatten(new)
+    missing = "<absent>"
+    changes = [(k, fo.get(k, missing), fn.get(k, missing)) for k in sorted(set(fo) | set(fn))
+               if fo.get(k, missing) != fn.get(k, missing) and not any(k.startswith(p) for p in exempt)]
+    return changes, bool(grown)
+
+
+def save_config(workdir: str, config: dict) -> None:
+    """Record `config` as the one this workdir runs (after `check_config` and every other resume check passed,
+    so a refused start changes nothing)."""
+    atomic_write(os.path.join(workdir, CONFIG_FILE), json.dumps(_plain(config), indent=2, sort_keys=True) + "\n")
+
+
+def check_config(workdir: str, config: dict, allow=()) -> list[tuple[str, object, object]]:
+    """On a resume, refuse any change of the recorded config that is not allowed (module docstring); writes
+    nothing. Returns the accepted changes (allowed keys, a grown stage list) to record in the run log."""
+    path = os.path.join(workdir, CONFIG_FILE)
+    if not os.path.exists(path):
+        return []
+    try:
+        with open(path) as f:
+            recorded = json.load(f)
+    except (OSError, ValueError) as err:
+        raise BadInput(f"{path} is unreadable ({err}); it records the config this workdir was started with. "
+                       "Restore it, or use a new --workdir") from None
+    changes, grown = config_changes(recorded, config)
+    refused = [c for c in changes if not any(fnmatch.fnmatchcase(c[0], p) for p in allow)]
+    if refused:
+        lines = "\n".join(f"  {k}: {o!r} -> {n!r}" for k, o, n in refused)
+        raise BadInput(f"{path}: this workdir was started with another config; a resume must be the same run. "
+                       f"Changed key(s):\n{lines}\nUse a new --workdir, restore the values, or allow named keys "
+                       f"with --allow_config_change=KEY[,KEY...] (e.g. eval.*)")
+    return changes + ([("stage_order", _order(recorded.get("stage_order", [])), _order(config["stage_order"]))]
+                      if grown else [])
