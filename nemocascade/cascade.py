@@ -65,6 +65,10 @@ def validate(cfg) -> None:
     for key in ("batch_size", "max_prompt_len", "max_new_tokens"):
         if cfg.eval[key] <= 0:
             raise BadInput(f"config.eval.{key} must be > 0, got {cfg.eval[key]}")
+    for set_name in cfg.eval.get("sets", {}):
+        if set_name not in evaluation.EVAL_SETS:
+            raise BadInput(f"config.eval.sets.{set_name}: unknown evaluation set; "
+                           f"known: {sorted(evaluation.EVAL_SETS)}")
     if cfg.reward.num_workers < 0 or not cfg.reward.timeout_s > 0:
         raise BadInput(f"config.reward: num_workers must be >= 0 and timeout_s > 0, got {dict(cfg.reward)}")
     p = cfg.get("pretrained") or {}  # data_dir and tokenizer.path are outputs too (made when missing): not checked

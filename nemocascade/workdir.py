@@ -20,6 +20,7 @@ import fnmatch
 import json
 import os
 import socket
+import sys
 import time
 
 from nemocascade.errors import BadInput, WorkdirBusy
@@ -41,7 +42,12 @@ class WorkdirLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except OSError as err:
+            if not isinstance(err, BlockingIOError):  # a filesystem without flock (some network mounts)
+                os.close(fd)
+                print(f"warning: cannot lock {self.path} ({err}); nothing stops a second run on this workdir",
+                      file=sys.stderr)
+                return
             holder = os.read(fd, 4096).decode("utf-8", "replace")
             os.close(fd)
             try:

@@ -182,6 +182,7 @@ def _math_cfg():
     ({"stage_order": ("sfft",)}, r"names 'sfft'.*did you mean 'sft'\?"),
     ({"mesh": {"data": 3, "fsdp": 1, "tensor": 1}}, r"config\.mesh=.*need 3 devices"),
     ({"eval.batch_size": 0}, r"config\.eval\.batch_size must be > 0"),
+    ({"eval.sets": {"humaneva": {"n": 4}}}, r"config\.eval\.sets\.humaneva: unknown evaluation set"),
     ({"pretrained.path": "/nonexistent/model.gguf"}, r"config\.pretrained\.path='/nonexistent/model\.gguf' does not"),
 ])
 def test_validate_names_the_bad_key(override, message):
