@@ -32,7 +32,8 @@ In every level:
       worker killed for a timeout takes its sandbox with it);
     * ``python -I -S -B``: no ``PYTHON*`` variables, no site-packages (the standard library only), no
       cwd on ``sys.path``; an empty environment plus ``PATH``/``HOME``/``TMPDIR``/``LANG``; stdin =
-      /dev/null; cwd = the scratch directory; stdout + stderr capped (more kills the run);
+      /dev/null; cwd = the scratch directory; stdout + stderr capped: more kills the run, and what is
+      left in the pipes is drained during the teardown (a flood ends within ~0.1 s);
     * a bootstrap that sets RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE and
       RLIMIT_CORE=0, then installs a ``sys.addaudithook`` hook (which cannot be removed) before the
       program runs. The hook refuses fork/exec/spawn/system/subprocess, signals to other processes,
@@ -57,6 +58,7 @@ import functools
 import math
 import os
 import secrets
+import select
 import selectors
 import shutil
 import signal
@@ -384,24 +386,42 @@ def _children(pid: int) -> list[int]:
     return kids
 
 
-def _kill_all(pid: int, isolation: str) -> None:
+def _kill_all(pid: int, isolation: str, pipes: tuple = ()) -> None:
     """SIGKILL everything the run started. In the namespace levels ``pid`` is ``unshare``: kill its child,
     the namespace's init, whose death makes the kernel kill every process in the namespace; ``unshare``
     exits once the init is reaped, i.e. once the namespace is empty (wait for that, so nothing is still
-    dying when we return, and no init is orphaned to the host's init as a zombie); then the whole group."""
+    dying when we return, and no init is orphaned to the host's init as a zombie); then the whole group.
+    Meanwhile ``pipes`` (the run's stdout/stderr) are drained and dropped: ``unshare`` reports its child's
+    death on stderr, and behind a pipe that a flood filled it would block until the teardown timeout."""
     if isolation != "hook-only":
         for child in _children(pid):
             try:
                 os.kill(child, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        give_up = time.monotonic() + _TEARDOWN_TIMEOUT_S
+        give_up, open_pipes = time.monotonic() + _TEARDOWN_TIMEOUT_S, [p.fileno() for p in pipes]
         while not _exited(pid) and time.monotonic() < give_up:
-            time.sleep(0.002)
+            open_pipes = _drain(open_pipes, 0.002)
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _drain(fds: list[int], timeout: float) -> list[int]:
+    """Read and drop what the (non-blocking) ``fds`` hold, waiting up to ``timeout``; the fds still open."""
+    if not fds:
+        time.sleep(timeout)
+        return fds
+    ready, _, _ = select.select(fds, [], [], timeout)
+    for fd in ready:
+        try:
+            while os.read(fd, 65536):
+                pass
+            fds = [f for f in fds if f != fd]  # EOF
+        except BlockingIOError:
+            pass
+    return fds
 
 
 def _exited(pid: int) -> bool:
@@ -460,7 +480,7 @@ def _run(source: str, lim: Limits, isolation: str, audit_hook: bool) -> Result:
         try:
             out, err, timed_out, exceeded = _collect(proc, start + lim.timeout_s, lim.max_output_bytes)
         finally:
-            _kill_all(proc.pid, isolation)  # whatever is left, every time
+            _kill_all(proc.pid, isolation, (proc.stdout, proc.stderr))  # whatever is left, every time
             returncode = proc.wait()
             proc.stdout.close()
             proc.stderr.close()

@@ -224,6 +224,26 @@ def test_output_flood_is_capped(isolation, hook, monkeypatch):
     assert r.output_exceeded and len(r.stdout) <= sandbox.Limits().max_output_bytes
 
 
+FLOODS = {
+    "stderr_64k_writes": "import sys\nwhile True:\n    sys.stderr.write('x' * 65536)\n",
+    "stdout_64k_writes": "import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n",
+    "stderr_1_byte_writes": "import os\nwhile True:\n    os.write(2, b'x')\n",
+}
+
+
+@pytest.mark.parametrize("isolation", LEVELS)
+@pytest.mark.parametrize("flood", sorted(FLOODS))
+def test_a_flood_is_cut_and_killed_within_a_second(flood, isolation):
+    # Was ~10 s at the namespace levels for stderr: unshare reports its child's death on stderr and blocked
+    # on the pipe the flood had filled, until the teardown timeout.
+    r = sandbox.run_python(FLOODS[flood], timeout_s=30.0, isolation=isolation)
+    assert r.output_exceeded and not r.ok and not r.timed_out
+    assert len(r.stdout) + len(r.stderr) <= 2 * sandbox.Limits().max_output_bytes
+    assert r.duration_s < 1.5, r.duration_s
+    assert _left_behind(r) == []
+
+
+
 WRITES = {
     "test_dir": "open({victim!r}, 'w').write('pwned')",
     "world_writable_tmp": "open({tmp_victim!r}, 'w').write('pwned')",
