@@ -6,9 +6,11 @@ and an audit hook; see there).
 
 Pipeline of :func:`score` (any failure, exception included, scores 0.0):
 
-1. Final text: ``nemocascade.chat.strip_think`` (an unfinished think block has no answer -> 0).
-2. Code: the body of the LAST fenced block tagged ``python``/``py``/``python3`` or untagged; the whole
-   final text when there is no such block.
+1. Final text: ``nemocascade.chat.strip_think`` (an unfinished think block has no answer -> 0); a final
+   text over ``extract.MAX_ANSWER_CHARS`` (64K characters) scores 0 before anything else reads it.
+2. Code: the body of the LAST fenced block tagged ``python``/``py``/``python3`` or untagged
+   (:func:`nemocascade.rewards.extract.last_python_block`, linear time); the whole final text when there
+   is no such block.
 3. Ground truth ``answer`` is a JSON object ``{"tests": str, "entry_point": str, "prompt": str?}``.
    ``prompt`` (HumanEval) is the function header + docstring the model was asked to complete: it goes
    in front of the code, so a bare function body completes it and a full definition replaces it.
@@ -22,15 +24,13 @@ start-up is ~0.1 s), or the pool kills the worker first (the sandbox then dies w
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 
 from nemocascade import sandbox
 from nemocascade.chat import strip_think
+from nemocascade.rewards.extract import MAX_ANSWER_CHARS, last_python_block
 
 SCORE_TIMEOUT_S = 3.0
-# ```python ... ``` (or ```py / ```python3 / bare ```); the closing fence must start a line.
-_FENCE_RE = re.compile(r"```(?:python3?|py)?[ \t]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE | re.IGNORECASE)
 
 
 def passes_tests(program: str, tests: str | Sequence[str], timeout_s: float = 5.0) -> bool:
@@ -49,8 +49,8 @@ def passes_tests(program: str, tests: str | Sequence[str], timeout_s: float = 5.
 
 def extract_code(final: str) -> str:
     """The last fenced Python block of ``final`` (module docstring), else ``final`` itself."""
-    blocks = _FENCE_RE.findall(final)
-    return blocks[-1] if blocks else final
+    block = last_python_block(final)
+    return final if block is None else block
 
 
 def score(completion: str, answer: str, in_think: bool = False) -> float:
@@ -60,6 +60,8 @@ def score(completion: str, answer: str, in_think: bool = False) -> float:
     """
     try:
         final = strip_think(completion, in_think=in_think)
+        if len(final) > MAX_ANSWER_CHARS:
+            return 0.0
         spec = json.loads(answer)
         tests, prompt = spec["tests"], spec.get("prompt", "")
         if not final.strip() or not isinstance(tests, str) or not isinstance(prompt, str):

@@ -2,7 +2,8 @@
 
 Both read the repaired function from the LAST ```` ```python ```` (or ``py``/``python3``/plain) fenced
 block of the final text (``nemocascade.chat.strip_think``; an unfinished think block has none), its
-closing fence at the start of a line, as in ``rewards/code.py``. ``answer`` is the JSON string
+closing fence at the start of a line (``rewards/extract.py``, shared with ``rewards/code.py``); a final
+text over ``extract.MAX_ANSWER_CHARS`` counts as having no block. ``answer`` is the JSON string
 ``{"fix": golden code, "buggy": original code, "tests": [assert lines]}`` written by ``data/swe.py``.
 
 :func:`agentless_score` (C1 agentless RL; domain ``"swe"``)::
@@ -26,19 +27,18 @@ from __future__ import annotations
 import ast
 import difflib
 import json
-import re
 
 from nemocascade.chat import strip_think
+from nemocascade.rewards.extract import MAX_ANSWER_CHARS, last_python_block
 
-# As rewards/code.py: ```python / ```py / ```python3 / bare ```, the closing fence starting a line.
-_FENCE_RE = re.compile(r"```(?:python3?|py)?[ \t]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE | re.IGNORECASE)
 EXEC_TIMEOUT_S = 5.0
 
 
-def extract_code(final: str) -> str | None:
-    """Content of the last fenced code block of ``final``; None if there is none."""
-    blocks = _FENCE_RE.findall(final)
-    return blocks[-1] if blocks else None
+def extract_code(completion: str) -> str | None:
+    """Content of the last fenced Python block of ``completion``'s final text; None if there is none or
+    the final text is over-long."""
+    final = strip_think(completion)
+    return None if len(final) > MAX_ANSWER_CHARS else last_python_block(final)
 
 
 def _parse(code: str | None) -> ast.Module | None:
@@ -62,7 +62,7 @@ def agentless_score(completion: str, answer: str) -> float:
     """C1's agentless repair reward in {-1} U [0, 1] (module docstring); never raises."""
     try:
         spec = json.loads(answer)
-        tree = _parse(extract_code(strip_think(completion)))
+        tree = _parse(extract_code(completion))
         if tree is None:
             return -1.0
         dump = ast.dump(tree)
@@ -85,7 +85,7 @@ def execution_score(completion: str, answer: str) -> float:
 
     try:
         spec = json.loads(answer)
-        code = extract_code(strip_think(completion))
+        code = extract_code(completion)
         if _parse(code) is None:
             return 0.0
         return 1.0 if passes_tests(code, spec["tests"], timeout_s=EXEC_TIMEOUT_S) else 0.0
