@@ -32,23 +32,48 @@ In every level:
       worker killed for a timeout takes its sandbox with it);
     * ``python -I -S -B``: no ``PYTHON*`` variables, no site-packages (the standard library only), no
       cwd on ``sys.path``; an empty environment plus ``PATH``/``HOME``/``TMPDIR``/``LANG``; stdin =
-      /dev/null; cwd = the scratch directory; stdout + stderr capped: more kills the run, and what is
-      left in the pipes is drained during the teardown (a flood ends within ~0.1 s);
-    * a bootstrap that sets RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE and
-      RLIMIT_CORE=0, then installs a ``sys.addaudithook`` hook (which cannot be removed) before the
-      program runs. The hook refuses fork/exec/spawn/system/subprocess, signals to other processes,
-      sockets, ctypes, sub-interpreters, gc object walks, code-object construction, setrlimit,
-      importing C modules that reach the OS without audit events (``_posixsubprocess``, ``_ctypes``,
-      ``_sqlite3``, ...), ``chdir``, links and symlinks; any write, create, delete, rename, chmod, ...
-      outside the scratch directory (paths resolved with symlinks followed; a PathLike path is refused
-      for writes since its ``__fspath__`` is program code); opening a directory outside it (no
-      ``dir_fd`` escapes); and reading ``/proc/<pid>`` of other processes.
+      /dev/null (with ``tests``: a pipe, read to EOF and replaced by /dev/null before the program);
+      cwd = the scratch directory; stdout + stderr capped: more kills the run, and what is left in the
+      pipes is drained while the run is torn down (a flood ends within ~0.1 s, not at the teardown
+      timeout);
+    * a bootstrap (``sandbox_boot.py``, passed as ``-c``) that sets RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC,
+      RLIMIT_FSIZE, RLIMIT_NOFILE and RLIMIT_CORE=0, then installs a ``sys.addaudithook`` hook (which
+      cannot be removed) before the program runs. The hook refuses fork/exec/spawn/system/subprocess,
+      signals to other processes, sockets, ctypes, sub-interpreters, gc object walks, code-object
+      construction, setrlimit, importing C modules that reach the OS without audit events
+      (``_posixsubprocess``, ``_ctypes``, ``_sqlite3``, ...), ``chdir``, links and symlinks; any write,
+      create, delete, rename, chmod, ... outside the scratch directory (paths resolved with symlinks
+      followed; a PathLike path is refused for writes since its ``__fspath__`` is program code); opening
+      a directory outside it (no ``dir_fd`` escapes); reading ``/proc/<pid>`` of other processes, its own
+      ``/proc/<pid>/mem`` (any task's) and memory devices; adding audit hooks; replacing the code or
+      defaults of the bootstrap's own functions; and every route to a frame object: ``sys._getframe``
+      (a ValueError, which ``namedtuple``/``typing``/``enum``/``logging`` treat as "no frame"),
+      ``sys._current_frames``, ``sys.settrace``/``setprofile`` (so ``threading.settrace`` too), and
+      reading ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``. Signal handlers receive frames and
+      ``signal.signal`` raises no audit event, so ``_signal`` is swapped for a stand-in with the same
+      constants whose functions refuse (``import signal`` works), and ``_imp.create_builtin``, which
+      could build the real one again without an audit event, is deleted once every other builtin module
+      is imported.
+
+Test harness (``run_python(program, tests=...)``; ``rewards.code.passes_tests`` uses it). The exit status
+proves nothing: a program can exit 0 before its tests run. So the parent makes a per-run secret
+(``secrets.token_hex(16)``) and writes ``secret + "\\n" + tests`` to the child's stdin; the bootstrap reads
+it before any program code runs (the pipe is then gone), runs the program, then the tests in a namespace
+of their own (program globals, builtins and modules copied before the program, comparisons rewritten to
+strict ones; ``sandbox_boot.py`` has the details), and only after the last test returned writes
+``"\\n<secret> PASS\\n"`` to fd 1 and ``_exit(0)``s. The run passes iff stdout ends with exactly that line
+and the exit status is 0: an early exit of any kind, a fake verdict, output after the verdict (a thread)
+all fail. The secret lives only in two frame locals of the bootstrap: no frame object, no gc walk, no
+``/proc/self/mem``, no stdin reaches it; the tests are never on disk and their code objects are reachable
+only through frames. A test that passes one of its own functions to the program hands it the tests'
+namespace (``__globals__``), so tests must not.
 
 The audit hook is a Python-level guard, not a boundary (PEP 578): crafted bytecode (``marshal.loads``,
-which imports need) can corrupt memory and disable it, and calls without audit events stay open (e.g.
-``signal.pidfd_send_signal``). It is the whole defence only in ``"hook-only"``; in the namespace levels
-the kernel enforces the same rules on its own (``tests/test_sandbox.py`` runs every attack with the
-hook switched off to show it).
+which imports need) can corrupt memory, read the secret and disable the hook, and calls without audit
+events stay open (e.g. ``os.write`` to any fd it holds). It is the whole defence only in ``"hook-only"``;
+in the namespace levels the kernel enforces the isolation rules on its own (``tests/test_sandbox.py``
+runs every attack with the hook switched off to show it), but not the harness's secrecy: that rests on
+the hook at every level.
 """
 
 from __future__ import annotations
@@ -67,6 +92,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 ISOLATION_LEVELS = ("root-ns", "user-ns", "hook-only")  # strongest first
 _SAFE_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -92,7 +118,8 @@ class Limits:
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-    """Outcome of one run. ``ok`` iff it exited with status 0 within every limit."""
+    """Outcome of one run. ``ok`` iff it exited with status 0 within every limit and, with ``tests``, the
+    harness's verdict arrived (stripped from ``stdout``)."""
 
     ok: bool
     returncode: int  # of the direct child; negative: killed by that signal (unshare may relay it as 1)
@@ -107,145 +134,10 @@ class Result:
 
 
 # --------------------------------------------------------------------------------------- bootstrap
-# Runs as `python -I -S -B -c _BOOT program cpu_s mem_bytes nproc fsize nofile hook` in the scratch
-# directory, before the program: it sets the limits, installs the audit hook, then runs the program as
-# `__main__` in a fresh module. It imports only C modules before the hook is in place.
-_BOOT = r'''
-import sys
-
-
-def _install_hook():
-    import _stat
-    import posix
-
-    # Everything the hook uses is bound as a positional default: no global or builtin name lookups
-    # (the program could rebind those), no closure cells (writable through ``cell_contents``), no
-    # mutable containers. A frame of the hook that leaks to the program (traceback, signal handler)
-    # therefore holds nothing it could change, and replacing ``__code__``/``__defaults__`` is refused.
-    def hook(event, args, home=posix.getcwd(), readlink=posix.readlink, lstat=posix.lstat,
-             getcwd=posix.getcwd, getpid=posix.getpid, is_dir_mode=_stat.S_ISDIR, item=tuple.__getitem__,
-             type=type, str=str, bytes=bytes, int=int, OSError=OSError, Denied=PermissionError,
-             function=type(_install_hook),
-             write_flags=posix.O_WRONLY | posix.O_RDWR | posix.O_CREAT | posix.O_TRUNC | posix.O_APPEND,
-             refused=frozenset((
-                 "os.fork", "os.forkpty", "os.exec", "os.spawn", "os.posix_spawn", "os.system",
-                 "os.startfile", "subprocess.Popen", "os.killpg", "os.link", "os.symlink", "os.chdir",
-                 "resource.setrlimit", "resource.prlimit", "gc.get_objects", "gc.get_referrers",
-                 "gc.get_referents", "code.__new__", "cpython.PyInterpreterState_New", "sys.remote_exec")),
-             refused_prefixes=("socket.", "ctypes.", "syslog.", "sqlite3.", "_posixshmem."),
-             refused_modules=frozenset((
-                 "_posixsubprocess", "_ctypes", "ctypes", "_sqlite3", "_dbm", "_gdbm", "_posixshmem",
-                 "_multiprocessing", "_testcapi", "_testinternalcapi", "_xxsubinterpreters",
-                 "_xxinterpchannels", "_interpreters", "_interpchannels", "_interpqueues")),
-             path_events=frozenset((
-                 "os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.utime", "os.mkfifo",
-                 "os.mknod", "os.setxattr", "os.removexattr", "os.chflags", "os.lchflags")),
-             code_attrs=("__code__", "__defaults__", "__kwdefaults__")):
-        if event in refused or event.startswith(refused_prefixes):
-            raise Denied("sandbox: " + event + " is not allowed")
-        if event == "import":
-            if type(args[0]) is not str or args[0].split(".")[0] in refused_modules:
-                raise Denied("sandbox: this module is not allowed")
-            return
-        if event == "object.__setattr__":
-            if type(args[0]) is function and (type(args[1]) is not str or args[1] in code_attrs):
-                raise Denied("sandbox: functions' code and defaults are read-only")
-            return
-        if event == "os.kill":
-            if args[0] != getpid():
-                raise Denied("sandbox: no signals to other processes")
-            return
-        if event == "open":
-            if type(args[0]) is int:
-                return  # an fd it already holds
-            paths, write = (args[0],), type(args[2]) is not int or args[2] & write_flags != 0
-        elif event == "os.rename":
-            paths, write = (args[0], args[1]), True
-        elif event == "os.truncate":
-            if type(args[0]) is int:
-                return  # ftruncate needs an fd opened for writing, which passed the "open" check
-            paths, write = (args[0],), True
-        elif event in path_events:
-            paths, write = (args[0],), True
-        else:
-            return
-        for path in paths:
-            if type(path) is str:
-                text = path
-            elif type(path) is bytes:
-                text = path.decode("utf-8", "surrogateescape")
-            elif write:  # a PathLike's __fspath__ is program code: it could answer differently later
-                raise Denied("sandbox: writes need a str or bytes path")
-            else:
-                continue
-            # Resolve like the kernel will: absolute, every existing symlink followed.
-            todo, done, hops = (text if text.startswith("/") else getcwd() + "/" + text).split("/"), [], 0
-            todo.reverse()
-            while todo:
-                part = todo.pop()
-                if part == "" or part == ".":
-                    continue
-                if part == "..":
-                    if done:
-                        done.pop()
-                    continue
-                done.append(part)
-                try:
-                    link = readlink("/" + "/".join(done))
-                except OSError:  # not a link, or missing: keep the name as it is
-                    continue
-                hops += 1
-                if hops > 40:
-                    raise Denied("sandbox: too many levels of symbolic links")
-                done.pop()
-                if link.startswith("/"):
-                    done = []
-                more = link.split("/")
-                more.reverse()
-                todo += more
-            real = "/" + "/".join(done)
-            if real == home or real.startswith(home + "/"):
-                continue
-            if write:
-                raise Denied("sandbox: no writes outside the scratch directory: " + text)
-            if real.startswith("/proc/"):
-                pid = real.split("/")[2]
-                if pid.isdigit() and pid != str(getpid()):
-                    raise Denied("sandbox: no access to other processes: " + text)
-            try:
-                is_dir = is_dir_mode(item(lstat(real), 0))
-            except OSError:
-                is_dir = False
-            if is_dir:  # a directory fd outside the scratch dir would let dir_fd= escape these checks
-                raise Denied("sandbox: no directory handles outside the scratch directory: " + text)
-
-    sys.addaudithook(hook)
-
-
-def _boot():
-    import resource
-    program = sys.argv[1]
-    cpu_s, mem, nproc, fsize, nofile, hook = (int(x) for x in sys.argv[2:8])
-    for what, soft, hard in ((resource.RLIMIT_CPU, cpu_s, cpu_s), (resource.RLIMIT_AS, mem, mem),
-                             (resource.RLIMIT_NPROC, nproc, nproc), (resource.RLIMIT_FSIZE, fsize, fsize),
-                             (resource.RLIMIT_NOFILE, nofile, nofile), (resource.RLIMIT_CORE, 0, 0)):
-        cap = resource.getrlimit(what)[1]
-        if cap != resource.RLIM_INFINITY:
-            soft, hard = min(soft, cap), min(hard, cap)
-        resource.setrlimit(what, (soft, hard))
-    with open(program, "rb") as f:
-        code = compile(f.read(), "program.py", "exec")
-    if hook:
-        _install_hook()  # cwd is the scratch directory: the hook takes it as home
-    main = type(sys)("__main__")
-    main.__dict__.update(__builtins__=__builtins__, __file__="program.py")
-    sys.modules["__main__"] = main
-    sys.argv[:] = ["program.py"]
-    exec(code, main.__dict__)
-
-
-_boot()
-'''
+# The code that runs inside the sandbox's Python process, before (and with tests, after) the program:
+# ``python -I -S -B -c _BOOT program cpu_s mem_bytes nproc fsize nofile hook harness``. Read, not imported:
+# its defaults are bound from the child's ``sys`` when it runs there.
+_BOOT = Path(__file__).with_name("sandbox_boot.py").read_text(encoding="utf-8")
 
 # Runs as root (of the new namespaces) between unshare and the drop to the sandbox uid. Arguments:
 # base work owner_opts hide prefix scratch_mb, then the command to exec.
@@ -287,12 +179,12 @@ def _hidden_ancestor(path: str) -> str:
 
 
 def _command(isolation: str, base: str, work: str, program: str, uid: int | None, lim: Limits,
-             audit_hook: bool) -> list[str]:
+             audit_hook: bool, harness: bool = False) -> list[str]:
     """argv of one run at ``isolation`` (the caller has checked the tools exist)."""
     cpu_s = lim.cpu_s if lim.cpu_s is not None else math.ceil(lim.timeout_s) + 1
     boot = [sys.executable, "-I", "-S", "-B", "-c", _BOOT, program, str(cpu_s),
             str(lim.memory_mb << 20), str(lim.max_procs), str(lim.max_file_mb << 20),
-            str(lim.max_open_files), str(int(audit_hook))]
+            str(lim.max_open_files), str(int(audit_hook)), str(int(harness))]
     setpriv = _tool("setpriv")
     die_with_parent = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
     if isolation == "hook-only":
@@ -432,19 +324,36 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, bytes, bool, bool]:
-    """Read stdout/stderr until both close and the child exits, the deadline passes or output exceeds
-    ``cap``. Returns (stdout, stderr, timed_out, output_exceeded); never reaps the child."""
+def _collect(proc: subprocess.Popen, deadline: float, cap: int,
+             payload: bytes = b"") -> tuple[bytes, bytes, bool, bool]:
+    """Write ``payload`` to the child's stdin (if piped) and close it; read stdout/stderr until both close
+    and the child exits, the deadline passes or output exceeds ``cap``. Returns (stdout, stderr, timed_out,
+    output_exceeded); never reaps the child."""
     bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    sent = 0
     with selectors.DefaultSelector() as sel:
         for f in bufs:
             os.set_blocking(f.fileno(), False)
             sel.register(f, selectors.EVENT_READ)
+        if proc.stdin is not None:
+            os.set_blocking(proc.stdin.fileno(), False)
+            sel.register(proc.stdin, selectors.EVENT_WRITE)
         while sel.get_map():
             left = deadline - time.monotonic()
             if left <= 0:
                 return bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr]), True, False
             for key, _ in sel.select(timeout=left):
+                if key.fileobj is proc.stdin:
+                    try:
+                        sent += os.write(key.fd, payload[sent:sent + 65536])
+                    except BlockingIOError:
+                        continue
+                    except OSError:  # the child is gone or closed its stdin: nothing more to send
+                        sent = len(payload)
+                    if sent >= len(payload):
+                        sel.unregister(proc.stdin)
+                        proc.stdin.close()
+                    continue
                 try:
                     chunk = os.read(key.fd, 65536)
                 except BlockingIOError:
@@ -463,8 +372,10 @@ def _collect(proc: subprocess.Popen, deadline: float, cap: int) -> tuple[bytes, 
     return out, err, False, False
 
 
-def _run(source: str, lim: Limits, isolation: str, audit_hook: bool) -> Result:
+def _run(source: str, lim: Limits, isolation: str, audit_hook: bool, tests: str | None = None) -> Result:
     start = time.monotonic()
+    secret = secrets.token_hex(16)  # with tests: the harness's proof that they passed (sandbox_boot.py)
+    verdict = f"\n{secret} PASS\n".encode()
     uid = _UID_BASE + secrets.randbelow(_UID_SPAN) if isolation == "root-ns" else None
     base = tempfile.mkdtemp(prefix=f"nc-sandbox-{os.getpid()}-", dir=_scratch_parent())
     try:
@@ -474,28 +385,36 @@ def _run(source: str, lim: Limits, isolation: str, audit_hook: bool) -> Result:
             f.write(source.encode("utf-8", errors="replace"))
         os.chmod(program, 0o644)
         os.mkdir(work, 0o700)
-        argv = _command(isolation, base, work, program, uid, lim, audit_hook)
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                cwd=work, env=_env(work), start_new_session=True, close_fds=True)
+        argv = _command(isolation, base, work, program, uid, lim, audit_hook, harness=tests is not None)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL if tests is None else subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=work, env=_env(work),
+                                start_new_session=True, close_fds=True)
+        payload = b"" if tests is None else f"{secret}\n{tests}".encode("utf-8", errors="replace")
         try:
-            out, err, timed_out, exceeded = _collect(proc, start + lim.timeout_s, lim.max_output_bytes)
+            out, err, timed_out, exceeded = _collect(proc, start + lim.timeout_s, lim.max_output_bytes, payload)
         finally:
             _kill_all(proc.pid, isolation, (proc.stdout, proc.stderr))  # whatever is left, every time
             returncode = proc.wait()
-            proc.stdout.close()
-            proc.stderr.close()
+            for f in (proc.stdin, proc.stdout, proc.stderr):
+                if f is not None:
+                    f.close()
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    ok = returncode == 0 and not timed_out and not exceeded
+    passed = tests is None or out.endswith(verdict)  # the secret arrives only after the last test returned
+    if tests is not None and passed:
+        out = out[:-len(verdict)]
+    ok = returncode == 0 and not timed_out and not exceeded and passed
     return Result(ok=ok, returncode=returncode, stdout=out.decode("utf-8", "replace"),
                   stderr=err.decode("utf-8", "replace"), timed_out=timed_out, output_exceeded=exceeded,
                   duration_s=time.monotonic() - start, isolation=isolation, pid=proc.pid, uid=uid)
 
 
-def run_python(source: str, timeout_s: float = 5.0, memory_mb: int = 512, *, isolation: str | None = None,
-               audit_hook: bool = True, **limits) -> Result:
+def run_python(source: str, timeout_s: float = 5.0, memory_mb: int = 512, *, tests: str | None = None,
+               isolation: str | None = None, audit_hook: bool = True, **limits) -> Result:
     """Run ``source`` as a Python program in the sandbox; never raises for anything the program does.
 
+    ``tests``: trusted test source, run by the harness after the program (module docstring); ``ok`` then
+    means the harness's secret verdict arrived (the tests returned), not just exit status 0.
     ``timeout_s``: wall clock from launch (namespace set-up and interpreter start included).
     ``memory_mb``: address-space limit. ``limits``: any other :class:`Limits` field.
     ``isolation``: None = strongest available (:func:`available_isolation`), or one of
@@ -510,7 +429,7 @@ def run_python(source: str, timeout_s: float = 5.0, memory_mb: int = 512, *, iso
         isolation = levels[0]
     elif isolation not in levels:
         raise ValueError(f"isolation {isolation!r} is not available here; available: {levels}")
-    return _run(source, lim, isolation, audit_hook)
+    return _run(source, lim, isolation, audit_hook, tests)
 
 
 def run_many(sources: list[str], timeout_s: float = 5.0, max_workers: int | None = None, **kwargs) -> list[Result]:

@@ -19,7 +19,7 @@ text over ``extract.MAX_ANSWER_CHARS`` counts as having no block. ``answer`` is 
 Equality is checked before similarity, so only the golden program scores 1. The score is C1's, which
 rewards near misses highly; the agentic stage's :func:`execution_score` (domain ``"swe_exec"``) is
 strict: 1.0 iff the code passes every test under ``nemocascade.rewards.code.passes_tests`` (sandboxed,
-5 s), else 0.0.
+5 s, the tests run by the sandbox's harness: no exit status or always-equal object passes), else 0.0.
 """
 
 from __future__ import annotations
