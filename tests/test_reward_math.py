@@ -105,8 +105,8 @@ def test_score_table(completion, answer, expected):
 
 
 def test_pathological_inputs_skip_sympy():
-    # Guarded inputs never reach math_verify, whose own limit is a whole second per parse/verify;
-    # unguarded, the power towers and the nested fractions each take ~1 s.
+    # Guarded inputs never reach math_verify; unguarded, the power towers and the nested fractions would
+    # each spend the whole sympy budget. tests/test_verifier_bounds.py has the hostile cases in bulk.
     for completion in PATHOLOGICAL:
         start = time.perf_counter()
         assert score(completion, "5") == 0.0
@@ -114,6 +114,10 @@ def test_pathological_inputs_skip_sympy():
     assert math_reward._too_costly("10^10^10") and math_reward._too_costly(r"2^{2^{40}}")
     assert math_reward._too_costly("x^{-123456}") and math_reward._too_costly("12345!")
     assert not math_reward._too_costly(r"2^{10}") and not math_reward._too_costly(r"\sqrt{12}")
+    # brackets of every kind count towards the depth; big exponents count together
+    assert math_reward._too_costly("(" * 13 + "1" + ")" * 13) and math_reward._too_costly(r"(9999^{9999})^{9999}")
+    assert not math_reward._too_costly("[" * 12 + "1" + "]" * 12) and not math_reward._too_costly(r"2^{100}3^{100}")
+    assert not math_reward._too_costly("+".join(f"x_{i}^{2}" for i in range(20)))  # small exponents are free
 
 
 # The fast path on its own (the table above cannot tell it from the math_verify fallback).
@@ -172,7 +176,7 @@ def test_in_think_means_prompt_opened_the_block():
 
 
 def test_fallback_from_a_worker_thread():
-    # signal.alarm is main-thread only; the fallback must still answer from another thread.
+    # Signal timers are main-thread only; the fallback's budget must still hold, and answer, in a thread.
     out = []
     t = threading.Thread(target=lambda: out.append(score(r"\boxed{2\sqrt{3}}", r"\sqrt{12}")))
     t.start()

@@ -3,8 +3,11 @@
 METHOD.md "Rewards per domain": extract the final answer from the text *after* ``</think>`` and compare
 it by rule (numeric / symbolic equivalence) -> {0, 1}.
 
-Pipeline of :func:`score` (every step can only *lose* the reward; any exception -> 0.0):
+Pipeline of :func:`score` (every step can only *lose* the reward):
 
+0. Size: a completion over ``limits.MAX_COMPLETION_CHARS`` -> 0 before any regex runs, a boxed answer
+   over :data:`MAX_ANSWER_CHARS` -> 0 before it is normalised. Every step below is linear in its input
+   (braces matched in one pass, no backtracking regex), so hostile output costs milliseconds.
 1. Final text (``nemocascade.chat.strip_think``): after the LAST ``</think>``; a ``<think>`` with no
    ``</think>`` is an unfinished reasoning trace -> 0; no think tag at all -> the whole text.
 2. Answer: the LAST top-level ``\\boxed{...}`` / ``\\boxed {...}`` / ``\\fbox{...}`` of the final text,
@@ -19,13 +22,15 @@ Pipeline of :func:`score` (every step can only *lose* the reward; any exception 
 4. Fallback, only when the fast path cannot decide (``\\sqrt{12}`` vs ``2\\sqrt{3}``, ``\\pi/2`` vs
    ``\\frac{\\pi}{2}``, sets, intervals, ...): ``math_verify`` under a time limit. Inputs that are too
    long, too deeply nested or contain power towers / huge exponents are refused before they reach sympy
-   (they would hang or blow up memory), so they return in microseconds.
+   (they would hang or blow up memory), so they return in microseconds. What passes runs under one
+   wall-clock budget of :data:`_FALLBACK_TIMEOUT_S` for both parses and the comparison
+   (``limits.call_with_timeout``: a signal timer in the main thread, as in a
+   :class:`~nemocascade.rewards.pool.VerifierPool` worker; an asynchronous exception in other threads);
+   running out of it -> 0. math_verify's own ``signal.alarm`` limits stay off: they are whole seconds
+   and would cancel an enclosing timer.
 
-Timeouts. In the main thread (the normal case inside a :class:`~nemocascade.rewards.pool.VerifierPool`
-worker) math_verify's own ``signal.alarm`` limits interrupt the sympy work. ``signal`` only works in the
-main thread, so in any other thread math_verify runs with its limits off inside a daemon helper thread
-that we stop waiting for after ``_FALLBACK_TIMEOUT_S * 3`` s (the caller gets 0.0 on time; the
-abandoned thread may keep burning CPU until it finishes -- use the pool for untrusted volume).
+Bad input of any kind scores 0.0 without raising; an exception out of :func:`score` is a bug here, which
+the pool scores 0.0 and counts (``verifier_errors``).
 """
 
 from __future__ import annotations
@@ -33,15 +38,21 @@ from __future__ import annotations
 import functools
 import logging
 import re
-import threading
 from fractions import Fraction
 
 from nemocascade.chat import strip_think
+from nemocascade.rewards.limits import MAX_COMPLETION_CHARS, call_with_timeout
 
-_FALLBACK_TIMEOUT_S = 1  # math_verify's limits are whole seconds (signal.alarm)
+# Boxed answers in MATH / AIME / Olympiad sets are at most a few hundred characters (a matrix, a long
+# expression); past this a "number" is digit spam and a "formula" is nesting spam.
+MAX_ANSWER_CHARS = 1_000
+_FALLBACK_TIMEOUT_S = 0.5  # both parses + verify; real comparisons take 10-100 ms, hostile ones forever
 _MAX_FALLBACK_CHARS = 400  # a longer boxed answer is garbage; sympy on it is slow, never useful
-_MAX_BRACE_DEPTH = 12
+_MAX_BRACE_DEPTH = 12  # ( [ { together: sympy's parser is slow on deep nesting
 _MAX_EXPONENT_DIGITS = 4  # 2^{10000} is fine to compare; 2^{100000} starts costing seconds
+# Digits summed over the exponents >= 100: (9999^{9999})^{9999} and twenty 9999^{9999} multiplied pass the
+# check above power by power, then run sympy to the budget; 2^{100} 3^{100} still compares.
+_MAX_BIG_EXPONENT_DIGITS = 6
 
 
 def score(completion: str, answer: str, in_think: bool = False) -> float:
@@ -49,12 +60,11 @@ def score(completion: str, answer: str, in_think: bool = False) -> float:
 
     ``in_think=True``: the completion was generated after a thinking-mode prompt (its ``<think>`` is in
     the prompt), so a completion with no ``</think>`` is unfinished -> 0 (see ``chat.strip_think``).
-    Never raises: malformed or pathological input of any kind scores 0.0.
+    Malformed, over-long or pathological input of any kind scores 0.0; it raises only on a bug.
     """
-    try:
-        return 1.0 if _is_correct(completion, answer, in_think) else 0.0
-    except Exception:  # a verifier bug must cost one reward, never the RL step
+    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
         return 0.0
+    return 1.0 if _is_correct(completion, answer, in_think) else 0.0
 
 
 def _is_correct(completion: str, answer, in_think: bool) -> bool:
@@ -62,7 +72,7 @@ def _is_correct(completion: str, answer, in_think: bool) -> bool:
     pred = last_boxed(final)
     answer = str(answer)  # datasets sometimes store the reference as int/float
     gold = last_boxed(answer) if _BOX_RE.search(answer) else answer
-    if pred is None or gold is None:
+    if pred is None or gold is None or len(pred) > MAX_ANSWER_CHARS:
         return False
     p, g = _normalise(pred), _normalise(gold)
     if not p or not g:
@@ -96,22 +106,37 @@ def last_boxed(text: str) -> str | None:
     return found
 
 
+_BRACE_TOKEN_RE = re.compile(r"\\.|[{}]", re.DOTALL)  # \{ and \} are literal braces (sets), not grouping
+
+
 def _matching_brace(text: str, open_idx: int) -> int | None:
     """Index of the ``}`` that closes ``text[open_idx] == '{'``, skipping escaped ``\\{``/``\\}``."""
-    depth, i = 0, open_idx
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            i += 2  # \{ and \} are literal braces (sets), not grouping
-            continue
+    depth = 0
+    for m in _BRACE_TOKEN_RE.finditer(text, open_idx):
+        c = m.group()
         if c == "{":
             depth += 1
         elif c == "}":
             depth -= 1
             if depth == 0:
-                return i
-        i += 1
+                return m.start()
     return None
+
+
+def _brace_pairs(s: str) -> dict[int, int]:
+    """``{index of a '{': index of the '}' closing it}`` for every closed group, in one pass over ``s``.
+
+    Same pairs as :func:`_matching_brace` at each ``{``; loops that would call that once per group use
+    this instead, so that ``{{{{...}}}}`` costs linear, not quadratic, time.
+    """
+    pairs, stack = {}, []
+    for m in _BRACE_TOKEN_RE.finditer(s):
+        c = m.group()
+        if c == "{":
+            stack.append(m.start())
+        elif c == "}" and stack:
+            pairs[stack.pop()] = m.start()
+    return pairs
 
 
 # --------------------------------------------------------------------------------------- normaliser
@@ -126,7 +151,8 @@ _LEFT_RIGHT_RE = re.compile(r"\\(?:left|right)(?![a-zA-Z])")
 _TEXT_CMD_RE = re.compile(r"\\(?:text|textbf|textrm|textit|mathrm|mathbf|mbox)\s*\{")
 _VAR_EQ_RE = re.compile(r"^\s*(?:[a-zA-Z](?:_\{?\w+\}?)?|\\[a-zA-Z]+)\s*=\s*([^=]+)$")
 # Unit words have >= 2 letters: "2 x" is a product, not 2 of unit x (one-letter units go to math_verify).
-_UNITS_RE = re.compile(r"^(.*?)(?:\s+[a-zA-Z]{2,}(?:\^\{?\d\}?)?)+\s*$")
+_UNIT_WORD_RE = re.compile(r"[a-zA-Z]{2,}(?:\^\{?\d\}?)?")
+_TOKEN_RE = re.compile(r"\S+")
 _ARG_CMD_RE = re.compile(r"\\(frac|sqrt)")
 
 
@@ -143,32 +169,54 @@ def _normalise(s: str) -> str:
     if (m := _VAR_EQ_RE.match(s)) is not None:
         s = m.group(1)  # "x = 5" -> "5"
     s = s.strip().rstrip(".").strip()
-    if (m := _UNITS_RE.match(s)) is not None and _to_fraction(m.group(1).replace(" ", "")) is not None:
-        s = m.group(1)  # "5 apples" -> "5", only when what remains is a plain number
+    s = _strip_units(s)
     s = re.sub(r"\s+", "", s)
     s = _brace_args(s)
-    while True:  # peel "{5}" and a box nested in the box, "\\boxed{\\fbox{5}}"
-        if len(s) >= 2 and s[0] == "{" and _matching_brace(s, 0) == len(s) - 1:
-            s = s[1:-1]
-        elif (m := _BOX_RE.match(s)) is not None and _matching_brace(s, m.end() - 1) == len(s) - 1:
-            s = s[m.end():-1]
+    pairs, lo, hi = _brace_pairs(s), 0, len(s) - 1
+    while lo < hi:  # peel "{5}" and a box nested in the box, "\\boxed{\\fbox{5}}": s[lo:hi + 1] is left
+        if s[lo] == "{" and pairs.get(lo) == hi:
+            lo, hi = lo + 1, hi - 1
+        elif (m := _BOX_RE.match(s, lo)) is not None and pairs.get(m.end() - 1) == hi:
+            lo, hi = m.end(), hi - 1
         else:
-            return s
+            break
+    return s[lo:hi + 1]
+
+
+def _strip_units(s: str) -> str:
+    """``5 apples`` -> ``5``: drop the trailing run of unit words, only when what remains is a plain number."""
+    tokens = list(_TOKEN_RE.finditer(s))
+    k = len(tokens)
+    while k > 1 and _UNIT_WORD_RE.fullmatch(tokens[k - 1].group()):
+        k -= 1
+    if k == len(tokens):
+        return s
+    number = s[:tokens[k - 1].end()]
+    return number if _to_fraction(number.replace(" ", "")) is not None else s
 
 
 def _unwrap_text(s: str) -> str:
-    """``\\text{5 cm}`` -> `` 5 cm `` (spaces keep a unit separable from the number before it)."""
-    while (m := _TEXT_CMD_RE.search(s)) is not None:
-        close = _matching_brace(s, m.end() - 1)
+    """``\\text{5 cm}`` -> `` 5 cm `` (spaces keep a unit separable from the number before it).
+
+    Left to right; an unclosed ``\\text{`` and everything after it stay as they are.
+    """
+    pairs, cuts = _brace_pairs(s), []
+    for m in _TEXT_CMD_RE.finditer(s):
+        close = pairs.get(m.end() - 1)
         if close is None:
-            return s
-        s = s[:m.start()] + " " + s[m.end():close] + " " + s[close + 1:]
-    return s
+            break
+        cuts += [(m.start(), m.end()), (close, close + 1)]
+    out, pos = [], 0
+    for start, end in sorted(cuts):
+        out += [s[pos:start], " "]
+        pos = end
+    out.append(s[pos:])
+    return "".join(out)
 
 
 def _brace_args(s: str) -> str:
     """Brace the one-character arguments of ``\\frac``/``\\sqrt``: ``\\frac34`` -> ``\\frac{3}{4}``."""
-    out, pos = [], 0
+    pairs, out, pos = _brace_pairs(s), [], 0
     for m in _ARG_CMD_RE.finditer(s):
         if m.start() < pos:
             continue
@@ -178,7 +226,7 @@ def _brace_args(s: str) -> str:
             if pos >= len(s):
                 break
             if s[pos] == "{":
-                close = _matching_brace(s, pos)
+                close = pairs.get(pos)
                 if close is None:
                     break
                 out.append(s[pos:close + 1])
@@ -198,7 +246,7 @@ _FRAC_RE = re.compile(r"^\\frac\{([^{}]*)\}\{([^{}]*)\}$")
 
 def _to_fraction(s: str) -> Fraction | None:
     """Exact value of a whitespace-free integer / decimal / ``a/b`` / ``\\frac{a}{b}``; None otherwise."""
-    if len(s) > 200:
+    if len(s) > 200:  # Fraction() of a long decimal is quadratic; int() refuses > 4300 digits
         return None
     while len(s) >= 2 and (s[0], s[-1]) in {("(", ")"), ("{", "}")} and "," not in s:
         s = s[1:-1]
@@ -224,15 +272,16 @@ _BIG_FACTORIAL_RE = re.compile(r"\d{4,}\s*!")  # 100000! costs sympy seconds
 
 
 def _too_costly(s: str) -> bool:
-    """True for input sympy would choke on: long, deeply nested, a power tower or a huge exponent."""
+    """True for input sympy would choke on: long, deeply nested, a power tower or huge exponents."""
     if len(s) > _MAX_FALLBACK_CHARS or _BIG_FACTORIAL_RE.search(s):
         return True
     s = s.replace("**", "^")
     depth = 0
     for c in s:
-        depth += (c == "{") - (c == "}")
+        depth += (c in "({[") - (c in ")}]")
         if depth > _MAX_BRACE_DEPTH:
             return True
+    exponent_digits = 0
     for m in _POWER_RE.finditer(s):
         if m.group(1):
             close = _matching_brace(s, m.end() - 1)
@@ -241,9 +290,11 @@ def _too_costly(s: str) -> bool:
             exponent = re.match(r"-?[\d.]*", s[m.end():]).group(0)
             if s[m.end() + len(exponent):].lstrip().startswith("^"):
                 return True  # "10^10^10"
-        if "^" in exponent or any(len(d) > _MAX_EXPONENT_DIGITS for d in re.findall(r"\d+", exponent)):
+        digits = [len(d) for d in re.findall(r"\d+", exponent)]
+        exponent_digits += sum(d for d in digits if d >= 3)
+        if "^" in exponent or max(digits, default=0) > _MAX_EXPONENT_DIGITS:
             return True
-    return False
+    return exponent_digits > _MAX_BIG_EXPONENT_DIGITS
 
 
 @functools.cache
@@ -255,18 +306,14 @@ def _math_verify():
     return parse, verify
 
 
-def _mv_compare(pred: str, gold: str, timeout: int | None) -> bool:
+def _mv_compare(pred: str, gold: str) -> bool:
     parse, verify = _math_verify()
-    g = parse("\\boxed{" + gold + "}", parsing_timeout=timeout)
-    p = parse("\\boxed{" + pred + "}", parsing_timeout=timeout)
-    return bool(g and p and verify(g, p, timeout_seconds=timeout))
+    g = parse("\\boxed{" + gold + "}", parsing_timeout=None)  # our budget bounds it (module docstring)
+    p = parse("\\boxed{" + pred + "}", parsing_timeout=None)
+    return bool(g and p and verify(g, p, timeout_seconds=None))
 
 
 def _math_verify_equal(pred: str, gold: str) -> bool:
-    if threading.current_thread() is threading.main_thread():
-        return _mv_compare(pred, gold, _FALLBACK_TIMEOUT_S)
-    result: list[bool] = []  # signal.alarm is main-thread only: time-box a helper thread instead
-    worker = threading.Thread(target=lambda: result.append(_mv_compare(pred, gold, None)), daemon=True)
-    worker.start()
-    worker.join(3 * _FALLBACK_TIMEOUT_S)
-    return bool(result and result[0])
+    _math_verify()  # the first call imports sympy (~0.4 s): not part of the budget
+    equal, timed_out = call_with_timeout(_FALLBACK_TIMEOUT_S, _mv_compare, pred, gold)
+    return bool(equal) and not timed_out
