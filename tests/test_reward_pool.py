@@ -1,4 +1,5 @@
-"""VerifierPool: order, timeouts that kill and replace workers, raising and crashing calls -> 0.0.
+"""VerifierPool: order, timeouts that kill and replace workers, raising and crashing calls -> 0.0 and
+counted in ``last_stats``; inline (``num_workers=0``) the same timeout holds in-process.
 
 Stdlib callables stand in for most verifiers (time.sleep hangs, math.sqrt(-1) raises, os._exit crashes).
 One pool serves the whole file because spawning workers costs an interpreter start each.
@@ -7,7 +8,9 @@ One pool serves the whole file because spawning workers costs an interpreter sta
 import math
 import operator
 import os
+import signal
 import sys
+import threading
 import time
 import types
 
@@ -29,6 +32,23 @@ def sleep_then(seconds: float, value: float) -> float:
     return value
 
 
+def loop_forever(*args) -> float:
+    while True:
+        pass
+
+
+def swallows_timeout() -> float:
+    """A verifier that catches everything, the interruption included, and answers late."""
+    try:
+        loop_forever()
+    except BaseException:
+        return 1.0
+
+
+def counts(timeouts=0, errors=0, crashes=0) -> dict:
+    return {"timeouts": timeouts, "errors": errors, "crashes": crashes}
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -40,6 +60,7 @@ def _alive(pid: int) -> bool:
 def test_results_follow_item_order(pool):
     items = [(i, 0.5) for i in range(25)]
     assert pool.score(operator.add, items) == [i + 0.5 for i in range(25)]
+    assert pool.last_stats == counts()
     assert pool.score(operator.add, []) == []
 
 
@@ -47,7 +68,7 @@ def test_hung_call_times_out_and_worker_is_replaced(pool):
     before = pool.worker_pids
     # Both workers hang: both are killed (and reaped) and two fresh ones take their place.
     out = pool.score(time.sleep, [(3600,), (3600,)], timeout_s=0.3)
-    assert out == [0.0, 0.0]
+    assert out == [0.0, 0.0] and pool.last_stats == counts(timeouts=2)
     after = pool.worker_pids
     assert len(after) == 2 and not set(before) & set(after)
     assert not any(_alive(pid) for pid in before)  # killed and reaped, not left running
@@ -58,19 +79,24 @@ def test_hang_in_the_middle_of_a_batch(pool):
     # The limit is loose because a replacement worker first imports this test module (and pytest).
     items = [(0, 1.0), (3600, 2.0), (0, 3.0), (0, 4.0), (0, 5.0)]
     assert pool.score(sleep_then, items, timeout_s=2.0) == [1.0, 0.0, 3.0, 4.0, 5.0]
+    assert pool.last_stats == counts(timeouts=1)
     assert pool.score(sleep_then, [(0, 7.0), (0, 8.0)]) == [7.0, 8.0]
 
 
 def test_raising_and_non_numeric_calls_score_zero(pool):
     assert pool.score(math.sqrt, [(4,), (-1,), (9,)]) == [2.0, 0.0, 3.0]
+    assert pool.last_stats == counts(errors=1)
     assert pool.score(operator.truediv, [(1, 0), (3, 2)]) == [0.0, 1.5]
     assert pool.score(str, [("x",), ("2.5",)]) == [0.0, 2.5]  # float("x") fails
+    assert pool.last_stats == counts(errors=1)
     assert pool.score(time.sleep, [(0,)]) == [0.0]  # returns None: float(None) fails
+    assert pool.last_stats == counts(errors=1)
 
 
 def test_crashing_call_scores_zero_and_worker_is_replaced(pool):
     before = pool.worker_pids
     assert pool.score(os._exit, [(3,)]) == [0.0]
+    assert pool.last_stats == counts(crashes=1)
     assert len(set(before) - set(pool.worker_pids)) == 1
     assert pool.score(operator.sub, [(5, 1), (7, 2)]) == [4.0, 5.0]
 
@@ -88,6 +114,7 @@ def test_bad_fn_and_items_are_reported(pool):
         pool.score(abs, [(1,), 2])
     # An item whose args cannot be pickled scores 0.0; the others still run.
     assert pool.score(len, [("ab",), (lambda: 0,), ("abc",)]) == [2.0, 0.0, 3.0]
+    assert pool.last_stats == counts(errors=1)
 
 
 def test_fn_that_workers_cannot_import_raises_and_pool_survives(pool):
@@ -108,7 +135,36 @@ def test_inline_mode_never_raises():
     with VerifierPool(num_workers=0) as inline:
         assert inline.worker_pids == []
         assert inline.score(math.sqrt, [(16,), (-1,)]) == [4.0, 0.0]
+        assert inline.last_stats == counts(errors=1)
         assert inline.score(lambda s: len(s), [("abcd",)]) == [4.0]  # no pickling inline
+        assert inline.last_stats == counts()
+
+
+def test_inline_timeout_holds_in_process():
+    handler = signal.getsignal(signal.SIGALRM)
+    with VerifierPool(num_workers=0, timeout_s=0.5) as inline:
+        for fn, items in [(loop_forever, [()]), (time.sleep, [(3600,)]), (swallows_timeout, [()])]:
+            start = time.monotonic()
+            assert inline.score(fn, items) == [0.0], fn
+            assert time.monotonic() - start < 1.0 and inline.last_stats == counts(timeouts=1), fn
+        assert inline.score(operator.add, [(1, 2), (3, 4)]) == [3.0, 7.0]
+        assert inline.last_stats == counts()
+        start = time.monotonic()
+        assert inline.score(loop_forever, [(), ()], timeout_s=0.2) == [0.0, 0.0]
+        assert time.monotonic() - start < 0.9 and inline.last_stats == counts(timeouts=2)
+    assert signal.getsignal(signal.SIGALRM) is handler and signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_inline_timeout_holds_off_the_main_thread():
+    # No signals there: an asynchronous exception interrupts the (pure-Python) call instead.
+    out = []
+    with VerifierPool(num_workers=0, timeout_s=0.5) as inline:
+        start = time.monotonic()
+        worker = threading.Thread(target=lambda: out.append(inline.score(loop_forever, [(), ()])))
+        worker.start()
+        worker.join(5.0)
+        assert out == [[0.0, 0.0]] and time.monotonic() - start < 1.5
+        assert inline.last_stats == counts(timeouts=2)
 
 
 def test_invalid_construction_and_use_after_close():

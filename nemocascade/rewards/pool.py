@@ -4,7 +4,10 @@ METHOD.md "Rewards per domain": verification runs in parallel across processes. 
 output, so any call may raise, hang (sympy on a pathological expression, an infinite loop in generated
 code) or crash its interpreter; none of that may stall or kill the RL step. Contract of
 :meth:`VerifierPool.score`: one float per item, in item order; a call that raises, returns something
-``float()`` rejects, exceeds its timeout or kills its worker scores 0.0.
+``float()`` rejects, exceeds its timeout or kills its worker scores 0.0, and is counted in
+:attr:`VerifierPool.last_stats` (``timeouts`` / ``errors`` / ``crashes`` of the last ``score`` call), which
+the RL metrics log as ``verifier_timeouts`` / ``verifier_errors`` / ``verifier_crashes``. The verifiers
+score bad *input* 0.0 themselves; an exception reaching the pool is a verifier bug, so it is counted.
 
 Why our own pool rather than ``concurrent.futures.ProcessPoolExecutor``: a running future cannot be
 cancelled, so a hung call would hold its worker forever, and a worker that dies breaks the whole
@@ -18,7 +21,8 @@ multi-threaded process can deadlock the child. Spawn costs an interpreter start 
 the launching script, which must therefore guard its entry point with ``if __name__ == "__main__":``.
 A worker reports ready before it gets its first call, so interpreter start-up never counts against a
 timeout (importing ``fn``'s module, on the worker's first call, does).
-Each worker runs ``fn`` in its main thread, so verifiers may use ``signal.alarm`` (math_verify does).
+Each worker runs ``fn`` in its main thread, so verifiers may use ``signal`` timers
+(:func:`~nemocascade.rewards.limits.call_with_timeout`, which ``rewards/math.py`` uses around sympy).
 Workers are daemon processes: a verifier must not use ``multiprocessing`` itself, and one that starts
 subprocesses (code execution) must bound and reap them itself -- killing a hung worker does not kill
 its children.
@@ -34,14 +38,17 @@ import threading
 import time
 from multiprocessing.connection import wait
 
+from nemocascade.rewards.limits import call_with_timeout
+
 _CTX = mp.get_context("spawn")
 _STOP = b"stop"  # not a valid pickle, so no task can look like it
 _READY = b"ready"
 _BOOT_TIMEOUT_S = 120.0  # interpreter start + imports; generous for a loaded machine
+OUTCOMES = ("timeouts", "errors", "crashes")  # the keys of VerifierPool.last_stats
 
 
 def _worker_main(conn) -> None:
-    """Worker loop: receive ``(index, pickled (fn, args))``, reply ``(index, score, load_error)``.
+    """Worker loop: receive ``(index, pickled (fn, args))``, reply ``(index, score, raised, load_error)``.
 
     ``fn, args`` travel pickled inside the message so that failing to load them is reported, not fatal.
     ``_STOP`` exits.
@@ -60,13 +67,13 @@ def _worker_main(conn) -> None:
         try:
             fn, args = pickle.loads(blob)
         except BaseException as e:  # fn's module does not import here: a setup error, not a bad item
-            conn.send((index, 0.0, f"{type(e).__name__}: {e}"))
+            conn.send((index, 0.0, False, f"{type(e).__name__}: {e}"))
             continue
         try:
-            value = float(fn(*args))
+            value, raised = float(fn(*args)), False
         except BaseException:  # includes SystemExit from a verifier: still one bad item, not a dead pool
-            value = 0.0
-        conn.send((index, value, None))
+            value, raised = 0.0, True
+        conn.send((index, value, raised, None))
 
 
 class _Worker:
@@ -100,10 +107,12 @@ class VerifierPool:
     """``score(fn, items)`` = ``[fn(*item) for item in items]`` in parallel, each call time-boxed.
 
     ``num_workers``: processes (None -> ``os.cpu_count()``); 0 runs every call inline in this process,
-    for debugging and tiny runs: exceptions still score 0.0, but the timeout is NOT enforced.
+    for debugging and tiny runs, under the same ``timeout_s`` (``limits.call_with_timeout``: it interrupts
+    Python code, and, in the main thread, sleeps and waits; it cannot stop a verifier that swallows
+    ``BaseException`` or one long C call, and no crash is survived: use workers for untrusted volume).
     ``timeout_s``: default per-call limit, counted from when the call reaches its worker.
     Use as a context manager or call :meth:`close`. ``score`` may be called from several threads (calls
-    are serialised).
+    are serialised); ``last_stats`` then belongs to whichever call finished last.
     """
 
     def __init__(self, num_workers: int | None = None, timeout_s: float = 5.0):
@@ -117,6 +126,7 @@ class VerifierPool:
         self._workers = [_Worker() for _ in range(num_workers)]
         self._lock = threading.Lock()
         self._closed = False
+        self.last_stats = dict.fromkeys(OUTCOMES, 0)
 
     @property
     def worker_pids(self) -> list[int]:
@@ -125,6 +135,10 @@ class VerifierPool:
 
     def score(self, fn, items: list[tuple], timeout_s: float | None = None) -> list[float]:
         """One float per item, in item order; a raising, hung (> ``timeout_s``) or crashing call -> 0.0.
+
+        Afterwards ``last_stats`` counts this call's items by outcome: ``timeouts`` (ran past
+        ``timeout_s``), ``errors`` (raised, returned a non-number, or had unpicklable arguments) and
+        ``crashes`` (killed its worker process).
 
         ``fn`` must be picklable by reference (a module-level function such as
         ``nemocascade.rewards.math.score``); ``items`` are argument tuples. An unpicklable ``fn`` is a
@@ -139,16 +153,21 @@ class VerifierPool:
             if not isinstance(item, (tuple, list)):
                 raise TypeError(f"items[{k}] must be a tuple of fn's arguments, got {type(item).__name__}")
         items = [tuple(item) for item in items]
-        if self.num_workers == 0:
-            return [_call_inline(fn, args) for args in items]
-        try:
-            pickle.dumps(fn)
-        except Exception as e:
-            raise TypeError(f"VerifierPool needs a picklable module-level fn, got {fn!r}: {e}") from e
+        if self.num_workers:
+            try:
+                pickle.dumps(fn)
+            except Exception as e:
+                raise TypeError(f"VerifierPool needs a picklable module-level fn, got {fn!r}: {e}") from e
         with self._lock:
-            return self._run(fn, items, timeout_s)
+            stats = dict.fromkeys(OUTCOMES, 0)
+            if self.num_workers == 0:
+                results = [_call_inline(fn, args, timeout_s, stats) for args in items]
+            else:
+                results = self._run(fn, items, timeout_s, stats)
+            self.last_stats = stats
+            return results
 
-    def _run(self, fn, items: list[tuple], timeout_s: float) -> list[float]:
+    def _run(self, fn, items: list[tuple], timeout_s: float, stats: dict[str, int]) -> list[float]:
         results = [0.0] * len(items)  # anything that never reports back keeps 0.0
         queue = iter(range(len(items)))
 
@@ -160,7 +179,8 @@ class VerifierPool:
                 try:
                     payload = pickle.dumps((index, pickle.dumps((fn, items[index]))))
                 except Exception:
-                    continue  # this item's args cannot cross a process boundary: 0.0
+                    stats["errors"] += 1  # this item's args cannot cross a process boundary: 0.0
+                    continue
                 try:
                     worker.send(payload)
                 except (OSError, EOFError):  # died while idle (killed from outside): replace, resend once
@@ -172,7 +192,7 @@ class VerifierPool:
         try:
             for i in range(len(self._workers)):
                 dispatch(i)
-            self._collect(results, dispatch)
+            self._collect(results, stats, dispatch)
         except BaseException:
             # A worker still running an abandoned call would answer the *next* batch with a stale
             # (index, value): replace every busy worker before letting the error out.
@@ -182,7 +202,7 @@ class VerifierPool:
             raise
         return results
 
-    def _collect(self, results: list[float], dispatch) -> None:
+    def _collect(self, results: list[float], stats: dict[str, int], dispatch) -> None:
         """Wait for replies and deadlines until every worker is idle, refilling each freed worker."""
         while busy := [w for w in self._workers if w.task is not None]:
             next_deadline = min(w.deadline for w in busy)
@@ -192,8 +212,9 @@ class VerifierPool:
                     continue
                 if worker.conn in ready:
                     try:
-                        index, value, load_error = worker.conn.recv()
+                        index, value, raised, load_error = worker.conn.recv()
                     except (EOFError, OSError):  # died mid-call (os._exit, OOM kill, segfault)
+                        stats["crashes"] += 1
                         self._replace(i)
                     else:
                         worker.task = None
@@ -202,7 +223,9 @@ class VerifierPool:
                                 f"a verifier worker could not unpickle the fn or item {index} ({load_error});"
                                 " fn must be importable by module path in a fresh interpreter")
                         results[index] = value
+                        stats["errors"] += raised
                 elif time.monotonic() >= worker.deadline:
+                    stats["timeouts"] += 1
                     self._replace(i)  # hung past its deadline
                 else:
                     continue
@@ -238,8 +261,12 @@ class VerifierPool:
         self.close()
 
 
-def _call_inline(fn, args: tuple) -> float:
+def _call_inline(fn, args: tuple, timeout_s: float, stats: dict[str, int]) -> float:
     try:
-        return float(fn(*args))
+        value, timed_out = call_with_timeout(timeout_s, fn, *args)
+        if not timed_out:
+            return float(value)
+        stats["timeouts"] += 1
     except Exception:
-        return 0.0
+        stats["errors"] += 1
+    return 0.0
