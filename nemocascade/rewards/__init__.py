@@ -3,7 +3,9 @@
 The domain is a field on every example and picks its verifier here, through a dict, never an if/elif
 chain (STYLE.md). Every entry has the signature ``reward(completion: str, answer: str) -> float``, is a
 module-level function (so :class:`~nemocascade.rewards.pool.VerifierPool` workers can unpickle it) and
-never raises. Adding a domain = one module + one entry.
+scores bad input (malformed, over-long or pathological) 0.0 without raising (size and time bounds:
+``rewards/limits.py``). An exception is a verifier bug: the pool scores that item 0.0 and counts it
+(``verifier_errors`` in the RL metrics). Adding a domain = one module + one entry.
 """
 
 from collections.abc import Callable

@@ -15,6 +15,11 @@ checked for agreement with IFBench's own code in ``tests/test_instruct.py``. Dep
 ``json_format`` wants an object or array, ``sections`` wants headers ``SECTION 1..N`` exactly,
 ``postscript`` wants the marker at the start of a line, and :func:`score` gives 0 to an empty response
 (IFBench's strict evaluation does the same) so that e.g. "all lowercase" cannot be won by saying nothing.
+
+Bounded (``rewards/limits.py``): a completion over ``MAX_COMPLETION_CHARS`` scores 0, and every checker
+is linear in the response. IFEval's line-start patterns ``^\\s*...`` are written ``^[^\\S\\n]*...``: the
+same lines match (a blank line before a bullet no longer starts the match, the bullet's own line does),
+without retrying a whole run of blank lines from each of its line starts (quadratic time).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from nemocascade.chat import strip_think
+from nemocascade.rewards.limits import MAX_COMPLETION_CHARS
 
 _WORD_RE = re.compile(r"\w+")
 _PUNCT = str.maketrans("", "", string.punctuation)
@@ -162,14 +168,14 @@ def end_with(text: str, phrase: str) -> bool:
 
 def bullet_list(text: str, n: int) -> bool:
     """Exactly ``n`` markdown bullet lines, ``* item`` or ``- item`` (IFEval ``number_bullet_lists``)."""
-    stars = re.findall(r"^\s*\*[^\*].*$", text, flags=re.MULTILINE)
-    dashes = re.findall(r"^\s*-.*$", text, flags=re.MULTILINE)
+    stars = re.findall(r"^[^\S\n]*\*[^\*].*$", text, flags=re.MULTILINE)
+    dashes = re.findall(r"^[^\S\n]*-.*$", text, flags=re.MULTILINE)
     return len(stars) + len(dashes) == _int(n)
 
 
 def sections(text: str, n: int) -> bool:
     """Section headers are exactly ``SECTION 1`` .. ``SECTION n``, in order, each at the start of a line."""
-    found = [int(k) for k in re.findall(r"^\s*SECTION\s+(\d+)\b", text, flags=re.MULTILINE)]
+    found = [int(k) for k in re.findall(r"^[^\S\n]*SECTION\s+(\d+)\b", text, flags=re.MULTILINE)]
     return found == list(range(1, _int(n) + 1))
 
 
@@ -181,7 +187,7 @@ def json_format(text: str) -> bool:
     text = text.removesuffix("```").strip()
     try:
         return isinstance(json.loads(text), (dict, list))
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the interpreter's stack
         return False
 
 
@@ -218,7 +224,7 @@ def postscript(text: str, marker: str = "P.S.") -> bool:
     """A line starts with the postscript marker, case-insensitive (``P.S.`` also matches ``P. S.``)."""
     patterns = {"P.S.": r"p\.\s?s\.", "P.P.S": r"p\.\s?p\.\s?s"}
     pattern = patterns.get(marker) or re.escape(_word(marker, "marker").lower())
-    return re.search(r"^\s*" + pattern, text.lower(), flags=re.MULTILINE) is not None
+    return re.search(r"^[^\S\n]*" + pattern, text.lower(), flags=re.MULTILINE) is not None
 
 
 # IFBench (out-of-distribution) families, each the same rule as the IFBench checker named in its docstring.
@@ -318,12 +324,15 @@ def score(completion: str, answer: str, in_think: bool = False) -> float:
 
     ``answer`` is the JSON list of constraints. The final response is the text after ``</think>``
     (``chat.strip_think``; an unfinished think block gives "" and so 0); an empty response scores 0.
-    ``in_think`` as in ``rewards.math.score``. Never raises: malformed input of any kind scores 0.0.
+    ``in_think`` as in ``rewards.math.score``. A malformed completion or constraint list scores 0.0; any
+    other exception is a bug here, which the verifier pool scores 0.0 and counts (``verifier_errors``).
     """
+    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
+        return 0.0
+    response = strip_think(completion, in_think=in_think)
+    if not response:
+        return 0.0
     try:
-        response = strip_think(completion, in_think=in_think)
-        if not response:
-            return 0.0
         return 1.0 if all(check_all(response, json.loads(answer))) else 0.0
-    except Exception:  # a malformed answer or a verifier bug costs one reward, never the RL step
+    except (ValueError, TypeError):  # a malformed constraint list (check_all says which), or an int of > 4300 digits
         return 0.0

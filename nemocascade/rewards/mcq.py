@@ -8,6 +8,8 @@ The choice is read from the final text (``nemocascade.chat.strip_think``; an unf
 3. neither -> 0.
 
 Letters are upper case A-D only: ``\\boxed{b}`` is malformed, not a guess that happens to match.
+A completion over ``limits.MAX_COMPLETION_CHARS`` scores 0; the rest is linear (``rewards.math.last_boxed``
+and one regex without nested repetition).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import re
 
 from nemocascade.chat import strip_think
+from nemocascade.rewards.limits import MAX_COMPLETION_CHARS
 from nemocascade.rewards.math import last_boxed
 
 LETTERS = "ABCD"
@@ -34,11 +37,9 @@ def extract_choice(final: str) -> str | None:
 
 
 def score(completion: str, answer: str) -> float:
-    """1.0 iff the chosen letter equals ``answer`` (one of A-D); never raises."""
-    try:
-        key = str(answer).strip()
-        if len(key) != 1 or key not in LETTERS:
-            return 0.0
-        return 1.0 if extract_choice(strip_think(completion)) == key else 0.0
-    except Exception:  # a verifier bug must cost one reward, never the RL step
+    """1.0 iff the chosen letter equals ``answer`` (one of A-D); raises only on a bug (the pool counts it)."""
+    key = str(answer).strip()
+    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS or len(key) != 1 \
+            or key not in LETTERS:
         return 0.0
+    return 1.0 if extract_choice(strip_think(completion)) == key else 0.0

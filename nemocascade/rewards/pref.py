@@ -18,7 +18,9 @@ so the chosen answer of every pair scores 1 and every rejected one (verbose, rep
 unhelpful) scores at most 2/3. An unfinished think block has no final text and scores 0.
 
 ``answer`` is the record's JSON: ``{"chosen", "rejected", "kind", "topic", "keywords", "min_words",
-"max_words"}`` (only the last three are read here).
+"max_words"}`` (only the last three are read here). A malformed answer scores 0, and so does a completion
+over ``limits.MAX_COMPLETION_CHARS`` (every check is linear in the text); any other exception is a bug,
+counted by the verifier pool.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import json
 import re
 
 from nemocascade.chat import strip_think
+from nemocascade.rewards.limits import MAX_COMPLETION_CHARS
+from nemocascade.rewards.structured import MALFORMED
 
 UNHELPFUL_MARKERS = ("don't know", "do not know", "not sure", "cannot help", "can't help")
 _WORD_RE = re.compile(r"[a-z0-9']+")
@@ -78,8 +82,10 @@ def judge(final: str, spec: dict) -> float:
 
 
 def score(completion: str, answer: str) -> float:
-    """Proxy score of a whole assistant turn (module docstring); never raises."""
+    """Proxy score of a whole assistant turn (module docstring); raises only on a bug."""
+    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
+        return 0.0
     try:
         return judge(strip_think(completion), json.loads(answer))
-    except Exception:  # a malformed answer JSON: no reward, never a crash in the verifier pool
+    except MALFORMED:  # a malformed answer: no reward
         return 0.0

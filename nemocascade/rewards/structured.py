@@ -10,6 +10,9 @@ given schema. :func:`score` is 1.0 iff
 4. every key in ``answer["values"]`` has exactly that value (:func:`same_value`: ``1`` is not ``true``).
 
 ``answer`` is the JSON string ``{"schema": {...}, "values": {...}}`` written by ``data/structured.py``.
+Malformed JSON on either side scores 0.0 (a completion over ``limits.MAX_COMPLETION_CHARS`` too, before
+parsing; ``json.loads`` is linear, refuses ints over 4300 digits and nesting deeper than the stack); any
+other exception is a bug here, which the verifier pool scores 0.0 and counts (``verifier_errors``).
 
 The validator implements a strict subset of JSON Schema, enough for tool arguments and records:
 ``type`` (object, string, integer, boolean, array), ``properties``, ``required``,
@@ -26,6 +29,7 @@ import json
 import re
 
 from nemocascade.chat import strip_think
+from nemocascade.rewards.limits import MAX_COMPLETION_CHARS
 
 SUPPORTED_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "enum", "items"})
 _TYPES = {
@@ -36,6 +40,9 @@ _TYPES = {
     "boolean": lambda v: isinstance(v, bool),
 }
 _FENCE_RE = re.compile(r"^```(?:json)?[ \t]*\n(.*?)\n?```$", re.DOTALL)
+# What malformed JSON raises: a parse error or an over-long int (ValueError), nesting deeper than the stack
+# (RecursionError), a well-formed answer of the wrong shape (TypeError, KeyError, AttributeError).
+MALFORMED = (ValueError, RecursionError, TypeError, KeyError, AttributeError)
 
 
 def schema_errors(value, schema: dict, path: str = "$") -> list[str]:
@@ -120,6 +127,8 @@ def final_json(completion: str):
 
 def score(completion: str, answer: str) -> float:
     """1.0 iff the final JSON object satisfies the schema and the expected values (module docstring)."""
+    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
+        return 0.0
     try:
         spec = json.loads(answer)
         value = final_json(completion)
@@ -127,5 +136,5 @@ def score(completion: str, answer: str) -> float:
             return 0.0
         expected = spec.get("values", {})
         return 1.0 if all(k in value and same_value(value[k], v) for k, v in expected.items()) else 0.0
-    except Exception:  # malformed JSON, a bad answer string, ...: no reward, never a crash
+    except MALFORMED:
         return 0.0

@@ -11,6 +11,8 @@ block -> 0):
    the same JSON type at every level (``"3"`` is not ``3``, ``1`` is not ``true``).
 
 ``answer`` is the JSON string ``{"name": ..., "arguments": {...}}`` written by ``data/tool.py``.
+Malformed JSON on either side scores 0.0 (as in ``rewards/structured.py``), and so does a completion over
+``limits.MAX_COMPLETION_CHARS``; any other exception is a bug, counted by the verifier pool.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from __future__ import annotations
 import json
 
 from nemocascade.chat import strip_think
-from nemocascade.rewards.structured import loads_strict, same_value
+from nemocascade.rewards.limits import MAX_COMPLETION_CHARS
+from nemocascade.rewards.structured import MALFORMED, loads_strict, same_value
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -38,6 +41,8 @@ def parse_call(final: str) -> dict | None:
 
 def score(completion: str, answer: str) -> float:
     """1.0 iff the completion's single tool call equals the expected one (module docstring)."""
+    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
+        return 0.0
     try:
         expected = json.loads(answer)
         call = parse_call(strip_think(completion))
@@ -45,5 +50,5 @@ def score(completion: str, answer: str) -> float:
             return 0.0
         return 1.0 if same_value(call["name"], expected["name"]) and same_value(
             call["arguments"], expected["arguments"]) else 0.0
-    except Exception:  # malformed JSON in the call or the answer: no reward, never a crash
+    except MALFORMED:  # malformed JSON in the call or the answer: no reward
         return 0.0
