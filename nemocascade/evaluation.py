@@ -11,6 +11,7 @@ from nemocascade import chat, sampling
 from nemocascade import mesh as mesh_lib
 from nemocascade.data import pipeline
 from nemocascade.rewards import get_reward
+from nemocascade.rewards.pool import OUTCOMES
 
 
 def generate(params, model_cfg, tokenizer, records, *, batch_size, max_prompt_len, max_new_tokens,
@@ -43,10 +44,13 @@ def decode_responses(tokenizer, tokens, mask, thinking: bool) -> list[str]:
     return [prefix + tokenizer.decode(t[m > 0].tolist()) for t, m in zip(tokens, mask)]
 
 
-def score_texts(pool, texts, records, rewards: dict | None = None) -> list[float]:
+def score_texts(pool, texts, records, rewards: dict | None = None) -> tuple[list[float], dict[str, int]]:
     """Each text scored by the reward of its record's domain (`rewards[domain]` if given, else the domain's
-    registered reward), in the verifier pool; order kept."""
+    registered reward), in the verifier pool; order kept. Also returns how many calls timed out, raised or
+    crashed their worker (each scored 0.0), as metrics: {"verifier_timeouts", "verifier_errors",
+    "verifier_crashes"}."""
     scores = [0.0] * len(texts)
+    counts = {f"verifier_{k}": 0 for k in OUTCOMES}
     by_domain = {}
     for i, r in enumerate(records):
         by_domain.setdefault(r["domain"], []).append(i)
@@ -54,7 +58,9 @@ def score_texts(pool, texts, records, rewards: dict | None = None) -> list[float
         fn = (rewards or {}).get(domain) or get_reward(domain)
         for i, s in zip(idx, pool.score(fn, [(texts[i], records[i]["answer"]) for i in idx])):
             scores[i] = s
-    return scores
+        for k in OUTCOMES:
+            counts[f"verifier_{k}"] += pool.last_stats[k]
+    return scores, counts
 
 
 def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_prompt_len,
@@ -63,7 +69,7 @@ def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_pro
     texts, lengths = generate(params, model_cfg, tokenizer, records, batch_size=batch_size,
                      max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens, rng=rng,
                      thinking=thinking, mesh=mesh)
-    scores = score_texts(pool, texts, records)
+    scores, _ = score_texts(pool, texts, records)
     return {"pass@1": float(np.mean(scores)) if scores else 0.0, "n": len(records),
             "mean_len": float(np.mean(lengths)) if lengths else 0.0}
 

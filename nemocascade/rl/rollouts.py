@@ -3,12 +3,14 @@ from the current params with the jitted sampler, score them with each prompt's d
 the samples into fixed-width training rows.
 
     source = RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter=None, rewards=None)
-    groups, timings = source.rollouts(params, source.prompts(B), max_new_tokens, rng)
+    groups, stats = source.rollouts(params, source.prompts(B), max_new_tokens, rng)
     batch = trim_columns(flat_batch)     # cut all-padding columns, in buckets (few compiled shapes)
 
 `groups` holds arrays with leading dims [P, G]: tokens / valid / positions [P, G, L] (prompt + response),
 mask / sampler_logp [P, G, L-1] aligned with next-token targets, rewards, truncated, lengths [P, G], and
-domain_idx [P] (index into `ctx.cfg.data.domains`).
+domain_idx [P] (index into `ctx.cfg.data.domains`). `stats` holds timings (generate_s, score_s) and the
+verifier calls that timed out, raised or crashed (verifier_timeouts / _errors / _crashes, each scored 0):
+counts that add up over rounds and land in metrics.jsonl.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from nemocascade import evaluation, sampling
 from nemocascade.data import pipeline
 from nemocascade.rl import filters
 from nemocascade.mesh import shard_batch, to_host
+from nemocascade.rewards.pool import OUTCOMES
 
 
 class RolloutSource:
@@ -60,7 +63,7 @@ class RolloutSource:
         return out
 
     def rollouts(self, params, records, max_new: int, rng, score: bool = True):
-        """Sample and (if `score`) score G rollouts per record -> (groups with leading dim P, timings)."""
+        """Sample and (if `score`) score G rollouts per record -> (groups with leading dim P, stats)."""
         ctx, stage, G = self.ctx, self.stage, self.stage.group_size
         t0 = time.perf_counter()
         toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in records],
@@ -75,13 +78,15 @@ class RolloutSource:
         samples = to_host(samples)
         t1 = time.perf_counter()
         P = len(records)
+        verifier = {f"verifier_{k}": 0 for k in OUTCOMES}  # a reward model (scorer) is no verifier: 0
         if score:
             texts = evaluation.decode_responses(ctx.tokenizer, samples.tokens, samples.mask, ctx.cfg.thinking)
             if self.scorer is not None:
                 rewards = np.asarray(self.scorer(records, texts, samples.lengths.reshape(P, G)), np.float32)
             else:
-                rewards = np.asarray(evaluation.score_texts(ctx.pool, texts, [r for r in records for _ in range(G)],
-                                                            self.rewards), np.float32).reshape(P, G)
+                scores, verifier = evaluation.score_texts(ctx.pool, texts, [r for r in records for _ in range(G)],
+                                                          self.rewards)
+                rewards = np.asarray(scores, np.float32).reshape(P, G)
         else:
             rewards = np.full((P, G), np.nan, np.float32)
         t2 = time.perf_counter()
@@ -94,7 +99,7 @@ class RolloutSource:
                   "domain_idx": np.asarray([domain_index[r["domain"]] for r in records])}
         if self.epoch_filter and score:
             self.epoch_filter.update([r["id"] for r in records], rewards)
-        return groups, {"generate_s": t1 - t0, "score_s": t2 - t1}
+        return groups, {"generate_s": t1 - t0, "score_s": t2 - t1, **verifier}
 
 
 def trim_columns(batch: dict, bucket: int = 16) -> dict:
