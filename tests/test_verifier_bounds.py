@@ -78,12 +78,16 @@ def test_hostile_math_fast_off_the_main_thread():
             out.append(_timed(math_reward.score, completion, answer))
         out.append(_timed(math_reward.score, r"\boxed{2\sqrt{3}}", r"\sqrt{12}"))
 
+    before = set(threading.enumerate())  # other tests' threads (TensorBoard writers, orbax) may still run
     worker = threading.Thread(target=run)
     worker.start()
     worker.join()
     assert [v for v, _ in out] == [0.0, 0.0, 0.0, 1.0]
     assert max(t for _, t in out) < LIMIT_S, out
-    assert threading.active_count() == 1  # nothing left running
+    deadline = time.monotonic() + 1.0  # a watchdog thread may take a moment to notice its call returned
+    while (left := set(threading.enumerate()) - before) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not left, left  # nothing the verifier started is left running
 
 
 def test_normaliser_is_linear():
