@@ -65,13 +65,15 @@ def score_texts(pool, texts, records, rewards: dict | None = None) -> tuple[list
 
 def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_prompt_len,
              max_new_tokens, rng, thinking=True, mesh=None):
-    """Greedy pass@1 on `records` (each scored by its own domain's reward). Returns {"pass@1", "n", "mean_len"}."""
+    """Greedy pass@1 on `records` (each scored by its own domain's reward). Returns {"pass@1", "n", "mean_len"} and
+    the verifier failure counts of `score_texts` (a score of 0 that a timeout or a verifier bug produced is then
+    visible in summary.json, not only in the training metrics)."""
     texts, lengths = generate(params, model_cfg, tokenizer, records, batch_size=batch_size,
                      max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens, rng=rng,
                      thinking=thinking, mesh=mesh)
-    scores, _ = score_texts(pool, texts, records)
+    scores, counts = score_texts(pool, texts, records)
     return {"pass@1": float(np.mean(scores)) if scores else 0.0, "n": len(records),
-            "mean_len": float(np.mean(lengths)) if lengths else 0.0}
+            "mean_len": float(np.mean(lengths)) if lengths else 0.0, **counts}
 
 
 # Real evaluation sets any config can name in `config.eval.sets` (name -> settings), evaluated after every

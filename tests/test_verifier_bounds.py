@@ -212,6 +212,19 @@ def test_score_texts_counts_failures_per_call():
     assert counts == {"verifier_timeouts": 1, "verifier_errors": 1, "verifier_crashes": 0}
 
 
+def test_evaluate_reports_the_counts_beside_pass_at_1(monkeypatch):
+    from nemocascade import rewards
+
+    monkeypatch.setattr(evaluation, "generate", lambda *a, **k: ([r"\boxed{5}", "x", "y"], [3, 1, 1]))
+    monkeypatch.setitem(rewards.REWARDS, "mcq", raises)
+    records = [{"domain": "math", "answer": "5"}, {"domain": "mcq", "answer": "B"}, {"domain": "mcq", "answer": "C"}]
+    with VerifierPool(num_workers=0, timeout_s=0.3) as pool:
+        out = evaluation.evaluate(None, None, None, records, pool, batch_size=1, max_prompt_len=1,
+                                  max_new_tokens=1, rng=None)
+    assert out == {"pass@1": pytest.approx(1 / 3), "n": 3, "mean_len": pytest.approx(5 / 3),
+                   "verifier_timeouts": 0, "verifier_errors": 2, "verifier_crashes": 0}
+
+
 def test_a_verifier_bug_is_counted_not_hidden(monkeypatch):
     # Bad input scores 0.0 inside the verifier; an exception is a bug, and the pool counts it.
     def broken(s):
