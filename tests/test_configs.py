@@ -28,6 +28,7 @@ def test_the_cascades_use_the_papers_orders():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2000)  # above the subprocess's own 1800 s limit, which fails with the run's output
 @pytest.mark.parametrize("name", ["cascade_mini", "cascade_c1", "cascade_c2", "mopd_vs_grpo"])
 def test_tiny_cascade_runs_end_to_end(name, tmp_path, run_cli):
     run_cli(f"{name}:tiny", tmp_path, timeout=1800)
