@@ -32,6 +32,7 @@ def resolve_config_arg(argv: list[str]) -> list[str]:
             except FileNotFoundError as err:
                 sys.exit(_bad_input(f"--config: {err}"))
             a = f"--config={path}" + (f":{variant}" if variant else "")
+            configs.add_import_dir(path)  # ml_collections loads the file itself: `from _common import ...` must work
         out.append(a)
     return out
 

@@ -10,7 +10,7 @@ keeps the start stage's Adam state; each stage's data iterator and RNG are seede
 and checkpointed with it, so a run interrupted anywhere resumes in the right stage at the right step.
 Named checkpoints (stage finals, best held-out per domain) and the manifest: nemocascade/teachers.py.
 
-Adding a stage kind = one module in `nemocascade/stages/` + one entry in `STAGE_KINDS`.
+Stage kinds are records in `nemocascade/stages/kinds.py` (defaults, checks, run); this module names none.
 """
 from __future__ import annotations
 
@@ -31,16 +31,10 @@ from nemocascade.mesh import make_mesh
 from nemocascade.models import ModelConfig, count_params, init_params, init_sharded, param_shardings
 from nemocascade.rewards.pool import VerifierPool
 from nemocascade.run_log import RunLog, load_metrics
-from nemocascade.stages import common, grpo, mopd, rm, sft
+from nemocascade.stages import common, kinds
 from nemocascade.tokenizer import load_or_train
 
-STAGE_KINDS = {"sft": sft.run, "grpo": grpo.run, "mopd": mopd.run, "rm": rm.run}
-POLICY_UNCHANGED = {"rm"}  # kinds that train something else (a reward model) and hand the policy on as it was
-TEACHERS_OF = {"mopd": mopd.teacher_refs}  # stage kinds that distil from named checkpoints
 CURVE_KEYS = ("loss", "reward", "eval/math/pass@1")
-
-
-STAGE_CHECKS = {"sft": sft.check, "grpo": grpo.check, "mopd": mopd.check, "rm": rm.check}
 
 
 def validate(cfg) -> None:
@@ -89,9 +83,10 @@ def _batch_axis_size(cfg) -> int:
 
 def _validate_stage(cfg, name, stage, earlier, batch_axis) -> None:
     at = f"config.stages.{name}"
-    if stage.kind not in STAGE_KINDS:
-        raise BadInput(f"{at}.kind={stage.kind!r} unknown; known kinds: {sorted(STAGE_KINDS)}")
-    problems = STAGE_CHECKS[stage.kind](stage)
+    if stage.kind not in kinds.KINDS:
+        raise BadInput(f"{at}.kind={stage.kind!r} unknown; known kinds: {sorted(kinds.KINDS)}")
+    kind = kinds.KINDS[stage.kind]
+    problems = kind.check(stage, {e: cfg.stages[e] for e in earlier})
     if stage.steps < 0:
         problems.append(f"steps must be >= 0, got {stage.steps}")
     if stage.max_nonfinite_steps < 1:
@@ -116,8 +111,8 @@ def _validate_stage(cfg, name, stage, earlier, batch_axis) -> None:
             raise BadInput(f"{at}.domains names {d!r}, not in config.data.domains ({sorted(cfg.data.domains)})")
     refs = {"init_from": stage.init_from} if stage.init_from else {}
     try:
-        if stage.kind in TEACHERS_OF:
-            refs |= {f"teachers.{d}": r for d, r in TEACHERS_OF[stage.kind](stage).items()}
+        if kind.teacher_refs:
+            refs |= {f"teachers.{d}": r for d, r in kind.teacher_refs(stage).items()}
         common.stage_rewards(stage)  # unknown reward names fail here, not mid-run
     except (KeyError, ValueError) as err:
         raise BadInput(f"{at}: {err.args[0] if err.args else err}") from None
@@ -134,21 +129,16 @@ def _validate_stage(cfg, name, stage, earlier, batch_axis) -> None:
         if unknown or nonpositive:
             raise BadInput(f"{at}.mix: {unknown | nonpositive} must name the stage's domains "
                            f"({list(stage.domains)}) with weights > 0")
-    if stage.get("reward_model"):
-        src = stage.reward_model
-        if src not in earlier or cfg.stages[src].kind != "rm":
-            raise BadInput(f"{at}.reward_model={src!r}: must name an earlier stage of kind 'rm' (earlier: {earlier})")
 
 
 def validate_data(ctx: common.RunContext) -> None:
-    """The checks that need the tokenizer and data: every SFT stage's rows leave room for a response."""
+    """The checks that need the tokenizer and data (e.g. SFT rows that leave room for a response)."""
     for name in stage_order(ctx.cfg):
         stage = ctx.cfg.stages[name]
-        if stage.kind == "sft" and stage.steps > 0:
-            for d in stage.domains:
-                problem = sft.check_room(ctx.sources[d]["train"], ctx.tokenizer, stage.seq_len, ctx.cfg.thinking)
-                if problem:
-                    raise BadInput(f"config.stages.{name}.{problem} (domain {d!r})")
+        check = kinds.get(stage.kind).check_data
+        problem = check(ctx, name, stage) if check and stage.steps > 0 else None
+        if problem:
+            raise BadInput(f"config.stages.{name}.{problem}")
 
 
 def _corpus(sources, n):
@@ -266,8 +256,7 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
     ctx = setup(cfg, workdir, config_name, variant)
     try:
         ckpt_dir = os.path.join(workdir, "checkpoints")
-        teachers.check_manifest(ckpt_dir, teachers.manifest(
-            cfg, common.stage_rewards, lambda st: TEACHERS_OF[st.kind](st) if st.kind in TEACHERS_OF else None))
+        teachers.check_manifest(ckpt_dir, teachers.manifest(cfg, common.stage_rewards, _teacher_refs))
         workdir_lib.save_config(workdir, cfg.to_dict())  # every resume check passed: this is the run's config now
         if changes:
             ctx.log.record_config_changes(changes)
@@ -306,14 +295,15 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
             if start != loaded[0]:
                 loaded = (start, checkpoint.load_params(ctx.registry.path(f"stage:{start}"), ctx.abstract_params))
             ctx.start_stage = start
-            refs = TEACHERS_OF[stage.kind](stage) if stage.kind in TEACHERS_OF else None
+            kind = kinds.get(stage.kind)
+            refs = _teacher_refs(stage)
             teacher_stages = {d: f"stage:{ctx.registry.stage_of(r)}" for d, r in refs.items()} if refs else None
             t0 = time.time()
-            params = STAGE_KINDS[stage.kind](ctx, name, stage, loaded[1])
+            params = kind.run(ctx, name, stage, loaded[1])
             path = _final_path(ctx, name)
             checkpoint.save_params(path, params)
             train_s = time.time() - t0
-            reuse = stage.kind in POLICY_UNCHANGED and start is not None
+            reuse = not kind.trains_policy and start is not None
             scores = _scores_of(ctx, start) if reuse else evaluate_all(ctx, params)
             ctx.registry.add_stage(name, path, {d: s["pass@1"] for d, s in scores.items()}, stage.side_branch,
                                    started_from=start)
@@ -333,6 +323,12 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
     finally:
         ctx.pool.close()
         ctx.log.close()
+
+
+def _teacher_refs(stage) -> dict[str, str] | None:
+    """domain -> teacher checkpoint ref of a distilling stage; None for kinds without teachers."""
+    refs = kinds.get(stage.kind).teacher_refs
+    return refs(stage) if refs else None
 
 
 def _report(ctx, name, scores):

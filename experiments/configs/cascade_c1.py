@@ -15,7 +15,7 @@ import os
 
 import ml_collections
 
-from nemocascade.configs import grpo_stage
+from _common import grpo_stage
 
 _spec = importlib.util.spec_from_file_location("cascade_c2_config", os.path.join(os.path.dirname(__file__),
                                                                                  "cascade_c2.py"))

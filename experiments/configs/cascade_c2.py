@@ -13,7 +13,7 @@ branch, if / mcq / json / tool <- their best checkpoint so far. Every domain is 
 """
 import ml_collections
 
-from nemocascade.configs import grpo_stage, multi_base
+from _common import grpo_stage, multi_base
 from nemocascade.stages import common, mopd, rm, sft
 
 # domain -> imperfect-teacher options (a systematic slip on a share of problems: headroom for each RL stage)

@@ -9,7 +9,7 @@ the problems that have one, so imitating it plateaus below what the verifiable r
 """
 import ml_collections
 
-from nemocascade.configs import math_base, math_tiny
+from _common import math_base, math_tiny
 from nemocascade.stages import common, grpo, sft
 
 

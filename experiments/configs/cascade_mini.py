@@ -14,7 +14,7 @@ violated constraint, an off-by-one program), so each RL stage has headroom its v
 """
 import ml_collections
 
-from nemocascade.configs import grpo_stage, multi_base
+from _common import grpo_stage, multi_base
 from nemocascade.stages import common, mopd, sft
 
 DOMAINS = ("math", "if", "code")

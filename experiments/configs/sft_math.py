@@ -5,7 +5,7 @@
 """
 import ml_collections
 
-from nemocascade.configs import math_base, math_tiny
+from _common import math_base, math_tiny
 from nemocascade.stages import common, sft
 
 

@@ -44,6 +44,20 @@ COMMON_DEFAULTS = dict(
 OPTIMIZER_POLICIES = ("reset", "keep")
 
 
+@dataclasses.dataclass(frozen=True)
+class StageKind:
+    """Everything the driver knows about a stage kind; each kind module defines one as `KIND` and
+    `stages/kinds.py` registers it (an experiment adds its own with `kinds.register`)."""
+    name: str
+    defaults: dict  # the kind's config keys and defaults, on top of COMMON_DEFAULTS
+    run: Callable  # (ctx, name, stage, params) -> params the next stage starts from
+    check: Callable  # (stage, earlier: {name: stage config} of the stages before it) -> list of "key: problem"
+    #                 strings (empty: fine); run for every stage before anything trains
+    check_data: Callable | None = None  # (ctx, name, stage) -> problem or None, once tokenizer and data exist
+    teacher_refs: Callable | None = None  # stage -> {domain: checkpoint ref}, for kinds that distil
+    trains_policy: bool = True  # False: trains something else (a reward model) and hands the policy on unchanged
+
+
 @dataclasses.dataclass
 class RunContext:
     """Everything a stage needs from the run; built once by `nemocascade.cascade.setup`."""

@@ -51,8 +51,9 @@ REWARD_MODES = ("scalar", "pairwise")
 TERMS = ("pg", "kl", "entropy")
 
 
-def check(stage) -> list[str]:
-    """What is wrong with a GRPO stage's settings, as `key: problem` lines (empty: fine); run at validation."""
+def check(stage, earlier: dict) -> list[str]:
+    """What is wrong with a GRPO stage's settings, as `key: problem` lines (empty: fine); run at validation.
+    `earlier`: the stages before it (an RLHF stage's `reward_model` must name one of kind "rm")."""
     from nemocascade.rl.filters import OVERLONG_MODES
 
     B, G = stage.prompts_per_step, stage.group_size
@@ -79,6 +80,9 @@ def check(stage) -> list[str]:
     bad += [f"temperature={stage.temperature} must be > 0"] if not stage.temperature > 0 else []
     bad += [f"top_p={stage.top_p} must be in (0, 1]"] if not 0 < stage.top_p <= 1 else []
     bad += [f"refill_rounds={stage.refill_rounds} must be >= 1"] if stage.refill_rounds < 1 else []
+    src = stage.reward_model
+    bad += [f"reward_model={src!r}: must name an earlier stage of kind 'rm' (earlier: {list(earlier)})"] if (
+        src and (src not in earlier or earlier[src].kind != "rm")) else []
     return bad
 
 
@@ -217,3 +221,6 @@ def rm_scorer(ctx, stage):
         return np.stack([rm_rewards.pairwise_rewards(rm_rewards.bt_preferences(row), lens, stage.conciseness_bonus,
                                                      stage.quality_gate) for row, lens in zip(s, lengths)])
     return score
+
+
+KIND = common.StageKind("grpo", DEFAULTS, run, check)

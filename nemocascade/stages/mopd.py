@@ -113,7 +113,7 @@ def load_teachers(ctx, stage) -> tuple[tuple, dict[str, int], dict[str, str]]:
     return params, {d: order.index(s) for d, s in resolved.items()}, resolved
 
 
-def check(stage) -> list[str]:
+def check(stage, earlier: dict) -> list[str]:
     """What is wrong with a MOPD stage's settings, as `key: problem` lines (empty: fine); run at validation."""
     bad = [f"objective={stage.objective!r} unknown; known: {OBJECTIVES}"] if stage.objective not in OBJECTIVES else []
     bad += [f"is_low={stage.is_low}, is_high={stage.is_high}: need 0 < is_low <= 1 <= is_high"] if not (
@@ -162,3 +162,6 @@ def run(ctx: common.RunContext, name: str, stage, params):
                 metrics |= common.quick_eval(ctx, trainer.state.params, stage)
             trainer.log(step, metrics)
         return trainer.finish()
+
+
+KIND = common.StageKind("mopd", DEFAULTS, run, check, teacher_refs=teacher_refs)

@@ -37,7 +37,7 @@ from nemocascade.stages import common
 DEFAULTS = dict(domains=("pref",), seq_len=96, batch_size=32, margin=0.0, head_std=0.0, eval_pairs=512)
 
 
-def check(stage) -> list[str]:
+def check(stage, earlier: dict) -> list[str]:
     """What is wrong with a reward-model stage's settings; run at validation."""
     return [f"{k}={stage[k]} must be >= {lo}" for k, lo in (("batch_size", 1), ("seq_len", 8), ("eval_pairs", 0))
             if stage[k] < lo]
@@ -152,6 +152,9 @@ def train_rm(ctx: common.RunContext, name: str, stage, params):
 
 
 def run(ctx: common.RunContext, name: str, stage, params):
-    """Stage entry point (``cascade.STAGE_KINDS``): trains and saves the RM, returns the policy unchanged."""
+    """Stage entry point (``KIND.run``): trains and saves the RM, returns the policy unchanged."""
     train_rm(ctx, name, stage, params)
     return params
+
+
+KIND = common.StageKind("rm", DEFAULTS, run, check, trains_policy=False)

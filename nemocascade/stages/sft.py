@@ -28,11 +28,20 @@ DEFAULTS = dict(seq_len=160, batch_size=32, pack=False, mix={})
 MIN_SEQ_LEN = 8  # a prompt's chat frame alone takes a few tokens: shorter rows can hold no response
 
 
-def check(stage) -> list[str]:
+def check(stage, earlier: dict) -> list[str]:
     """What is wrong with an SFT stage's settings (the data-aware check is `check_room`)."""
     bad = [f"batch_size={stage.batch_size} must be >= 1"] if stage.batch_size < 1 else []
     return bad + ([f"seq_len={stage.seq_len} leaves no room for a response (minimum {MIN_SEQ_LEN})"]
                   if stage.seq_len < MIN_SEQ_LEN else [])
+
+
+def check_data(ctx: common.RunContext, name: str, stage) -> str | None:
+    """The stage's rows leave room for a response in every domain (`check_room`)."""
+    for d in stage.domains:
+        problem = check_room(ctx.sources[d]["train"], ctx.tokenizer, stage.seq_len, ctx.cfg.thinking)
+        if problem:
+            return f"{problem} (domain {d!r})"
+    return None
 
 
 def check_room(source, tokenizer, seq_len: int, thinking: bool, sample: int = 64) -> str | None:
@@ -86,3 +95,6 @@ def run(run_ctx: common.RunContext, name: str, stage, params):
                 metrics |= common.quick_eval(run_ctx, trainer.state.params, stage)
             trainer.log(step, metrics)
         return trainer.finish()
+
+
+KIND = common.StageKind("sft", DEFAULTS, run, check, check_data=check_data)
