@@ -43,13 +43,18 @@ In every level:
       construction, setrlimit, importing C modules that reach the OS without audit events
       (``_posixsubprocess``, ``_ctypes``, ``_sqlite3``, ...), ``chdir``, links and symlinks; any write,
       create, delete, rename, chmod, ... outside the scratch directory (paths resolved with symlinks
-      followed; a PathLike path is refused for writes since its ``__fspath__`` is program code); opening
+      followed; a PathLike path is refused for writes since its ``__fspath__`` is program code); a
+      ``..`` out of a directory below the scratch directory, or after a name in a relative path (the
+      hook resolves ``..`` by name, the kernel through the directory, which a racing rename can move up
+      mid-walk: ``a/b/../../proc/self/mem`` read memory about once in 30 runs); opening
       a directory outside it (no ``dir_fd`` escapes); reading ``/proc/<pid>`` of other processes, its own
       ``/proc/<pid>/mem`` (any task's) and memory devices; adding audit hooks; replacing the code or
       defaults of the bootstrap's own functions; and every route to a frame object: ``sys._getframe``
       (a ValueError, which ``namedtuple``/``typing``/``enum``/``logging`` treat as "no frame"),
       ``sys._current_frames``, ``sys.settrace``/``setprofile`` (so ``threading.settrace`` too), and
-      reading ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``. Signal handlers receive frames and
+      reading ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``; ``gc.set_debug`` is a stand-in that
+      refuses (``DEBUG_SAVEALL`` put cyclic garbage, frames included, in ``gc.garbage``, no audit event
+      on the way). Signal handlers receive frames and
       ``signal.signal`` raises no audit event, so ``_signal`` is swapped for a stand-in with the same
       constants whose functions refuse (``import signal`` works), and ``_imp.create_builtin``, which
       could build the real one again without an audit event, is deleted once every other builtin module

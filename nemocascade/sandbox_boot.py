@@ -3,8 +3,8 @@
 :mod:`nemocascade.sandbox` starts ``python -I -S -B -c <this file's source> program cpu_s mem_bytes nproc
 fsize nofile hook harness`` in the scratch directory (``__name__ == "__main__"`` there; importing this
 module elsewhere runs nothing). :func:`_boot` sets the limits, installs the audit hook
-(:func:`_install_hook`), closes the routes to frame objects (:func:`_close_signal_handlers`), then runs
-the program. The sandbox's module docstring says what the hook refuses and why.
+(:func:`_install_hook`), closes the routes to frame objects (:func:`_close_signal_handlers`,
+:func:`_close_gc_garbage`), then runs the program. The sandbox's module docstring says what the hook refuses and why.
 
 Harness mode (``harness=1``; ``sandbox.run_python(program, tests=...)``). Before any program code runs:
 
@@ -24,7 +24,9 @@ parent passes the run iff stdout ends with that exact line and the exit status i
 
 Not closed: the program can still reach classes through ``object.__subclasses__()`` and change their
 methods (``_random.Random.__subclasses__()`` includes the tests' fresh ``random.Random``), and so the
-globals of those methods' module; a package (``collections``) is copied one level deep only.
+globals of those methods' module (``string.Formatter.format.__globals__`` is the fresh ``string``'s);
+a package (``collections``, ``re``, ``json``) is copied one level deep only, so its functions still read
+the real package's globals; and a fresh module's own imports are the real, shared modules.
 
 Strict checks: in the tests (never the program), every ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=``,
 ``in``, ``not in``, every arithmetic or unary operator, the truth of ``assert``/``if``/``while``/
@@ -133,6 +135,20 @@ def _install_hook():
                 raise Denied("sandbox: writes need a str or bytes path")
             else:
                 continue
+            # ".." is resolved here by name, by the kernel through the directory it is in: a thread that
+            # moves that directory up (a rename inside the scratch directory) while the kernel walks below
+            # it sends the remaining ".." steps out of it ("a/b/c/../../../proc/self/mem" reads memory).
+            # So no ".." may leave a directory the program can move: none after a name in a relative path
+            # (the kernel may start from a dir_fd inside the scratch directory, which this hook never
+            # sees), none out of a directory below the scratch directory in any path.
+            if not text.startswith("/"):
+                named = False
+                for part in text.split("/"):
+                    if part == "..":
+                        if named:
+                            raise Denied("sandbox: no '..' after a directory name: " + text)
+                    elif part != "" and part != ".":
+                        named = True
             # Resolve like the kernel will: absolute, every existing symlink followed.
             todo, done, hops = (text if text.startswith("/") else getcwd() + "/" + text).split("/"), [], 0
             todo.reverse()
@@ -141,6 +157,8 @@ def _install_hook():
                 if part == "" or part == ".":
                     continue
                 if part == "..":
+                    if ("/" + "/".join(done)).startswith(home + "/"):
+                        raise Denied("sandbox: no '..' out of a directory below the scratch directory: " + text)
                     if done:
                         done.pop()
                     continue
@@ -208,6 +226,22 @@ def _close_signal_handlers():
             setattr(fake, name, stand_ins["refused"])
     fake.getsignal = stand_ins["getsignal"]
     sys.modules["_signal"] = fake
+
+
+def _close_gc_garbage():
+    """With ``gc.DEBUG_SAVEALL`` the collector hands every piece of cyclic garbage to the program in
+    ``gc.garbage``, frame objects included (no audit event): a frame caught in a cycle with its own
+    exception leads through ``f_back`` (itself no audit event) to the tests' frames and the harness's, so
+    to their constants and the secret. ``gc.set_debug`` raises no audit event either, so it is replaced in
+    the one ``gc`` module (multi-phase init: no cached copy of its functions, and ``_imp.create_builtin`` is
+    gone) by a stand-in that refuses any flag; nothing else puts collectable objects in ``gc.garbage``."""
+    import gc
+
+    stand_ins = {"Denied": PermissionError}  # their own globals: not this module's
+    exec("def set_debug(flags):\n    if flags:\n        raise Denied('sandbox: gc.set_debug is not allowed')\n",
+         stand_ins)
+    gc.set_debug(0)
+    gc.set_debug = stand_ins["set_debug"]
 
 
 # -------------------------------------------------------------------------------- the strict checks
@@ -368,10 +402,12 @@ def _compile_tests(source: str):
 
 
 # ---------------------------------------------------------------------------------------- the harness
-def _snapshot_modules(names):
+def _snapshot_modules(names, pristine):
     """name -> the module the tests' ``import`` gets, made before the program runs: a fresh instance of a
     plain-Python, non-package module (its own globals, tables and hidden state: ``random``'s generator,
-    ``copy``'s dispatch table), else a copy of the namespace of the module as imported now."""
+    ``copy``'s dispatch table) with builtins of its own (a copy of ``pristine``: its functions look names
+    like ``len``/``type`` up there at call time, and the program may rebind them in ``builtins``), else a
+    copy of the namespace of the module as imported now."""
     import importlib.util
     from types import MappingProxyType
 
@@ -382,6 +418,7 @@ def _snapshot_modules(names):
             spec = sys.modules[name].__spec__
             if spec.origin and spec.origin.endswith(".py") and spec.submodule_search_locations is None:
                 copy = importlib.util.module_from_spec(spec)
+                copy.__dict__["__builtins__"] = dict(pristine)
                 spec.loader.exec_module(copy)
             else:
                 copy = type(sys)(name)
@@ -426,7 +463,7 @@ def _run_with_tests(program, tests, secret, exec=exec, type=type, str=str, items
     code, modules = _compile_tests(tests)
     pristine = dict(builtins.__dict__)
     test_builtins = dict(pristine, abs=_strict_abs, map=_lazy_map, filter=_lazy_filter,
-                         __import__=partial(_import, _snapshot_modules(modules), pristine["__import__"]))
+                         __import__=partial(_import, _snapshot_modules(modules, pristine), pristine["__import__"]))
     extras = dict(_HELPERS, __builtins__=test_builtins, __name__="__tests__")
     solution = type(sys)("solution")
     solution.__dict__.update(__builtins__=builtins, __file__="program.py")
@@ -478,6 +515,7 @@ def _boot():
     if hook:
         _install_hook()  # cwd is the scratch directory: the hook takes it as home
         _close_signal_handlers()
+        _close_gc_garbage()
     if harness:
         _run_with_tests(code, tests, secret)
     main = type(sys)("__main__")

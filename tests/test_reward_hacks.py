@@ -133,6 +133,17 @@ HACKS = {
     "caller_frame_current_frames": (PEEK + "import sys, threading\ndef add(a, b):\n"
                                            "    f = sys._current_frames()[threading.get_ident()]\n"
                                            "    return _table(f.f_back.f_code).get((a, b), 0)\n", TESTS),
+    # DEBUG_SAVEALL: a frame in a cycle with its own exception lands in gc.garbage; f_back leads on
+    "caller_frame_gc_garbage": (PEEK + "import gc\ngc.set_debug(gc.DEBUG_SAVEALL)\n"
+                                       "def _cycle():\n    try:\n        raise ValueError\n"
+                                       "    except ValueError as e:\n        keep = e\n"
+                                       "def add(a, b):\n    _cycle()\n    gc.collect()\n"
+                                       "    for f in [o for o in gc.garbage if type(o).__name__ == 'frame']:\n"
+                                       "        while f is not None:\n"
+                                       "            if (a, b) in _table(f.f_code):\n"
+                                       "                return _table(f.f_code)[(a, b)]\n"
+                                       "            f = f.f_back\n"
+                                       "    return 0\n", TESTS),
 }
 
 # Routes to the harness's secret, or to the tests through the harness itself. Most win with the audit hook
@@ -169,6 +180,15 @@ SECRET_HACKS = {
         "    g[name] = always\ng['_HELPERS'] = tuple((n, always) for n, _ in g['_HELPERS'])\n"),
     "secret_from_stdin": ("import os\ndata = os.read(0, 4096) or open('/proc/self/fd/0', 'rb').read()\n"
                           "os.write(1, b'\\n' + data.split(b'\\n')[0] + b' PASS\\n')\nos._exit(0)\n"),
+    "secret_from_gc_garbage_frames": (
+        "import gc, os\ngc.set_debug(gc.DEBUG_SAVEALL)\n"
+        "def _cycle():\n    try:\n        raise ValueError\n    except ValueError as e:\n        keep = e\n"
+        "_cycle()\ngc.collect()\n"
+        "for f in [o for o in gc.garbage if type(o).__name__ == 'frame']:\n"
+        "    while f is not None:\n"
+        "        if type(f.f_locals.get('secret')) is bytes:\n"
+        "            os.write(1, b'\\n' + f.f_locals['secret'] + b' PASS\\n')\n            os._exit(0)\n"
+        "        f = f.f_back\n"),
 }
 
 
@@ -195,25 +215,60 @@ def test_secret_route_scores_0(name):
 
 
 @pytest.mark.parametrize("name", ["caller_frame_sys_getframe", "caller_frame_generator", "caller_frame_settrace",
-                                  "caller_frame_signal_handler"])
+                                  "caller_frame_signal_handler", "caller_frame_gc_garbage"])
 def test_frame_routes_win_without_the_hook(name):
-    # The hack itself works: only the audit hook (and the fake _signal it installs) stops it.
+    # The hack itself works: only the audit hook (and the fake _signal and gc.set_debug it installs) stops it.
     program, tests = HACKS[name]
     r = sandbox.run_python(program, tests=tests, isolation="hook-only", audit_hook=False)
     assert r.ok, r.stderr[-2000:]
     r = sandbox.run_python(program, tests=tests, isolation="hook-only")
     assert not r.ok and ("sandbox: no frame objects" in r.stderr or "sandbox: sys." in r.stderr
-                         or "signal handlers are not allowed" in r.stderr), r.stderr[-2000:]
+                         or "signal handlers are not allowed" in r.stderr
+                         or "gc.set_debug is not allowed" in r.stderr), r.stderr[-2000:]
 
 
 @pytest.mark.parametrize("name", ["secret_from_proc_self_mem", "secret_from_the_harness_frame",
-                                  "tests_from_an_audit_hook", "fresh_signal_module_via_imp"])
+                                  "tests_from_an_audit_hook", "fresh_signal_module_via_imp",
+                                  "secret_from_gc_garbage_frames"])
 def test_secret_routes_win_without_the_hook(name):
     program = WRONG + SECRET_HACKS[name]
     r = sandbox.run_python(program, tests=TESTS, isolation="hook-only", audit_hook=False)
     assert r.ok, r.stderr[-2000:]
     r = sandbox.run_python(program, tests=TESTS, isolation="hook-only")
     assert not r.ok
+
+
+# A thread moves a directory up while the kernel walks `a/.../a/../.../../proc/self/mem` below it: the
+# remaining ".." steps leave the scratch directory, where the hook, resolving ".." by name, saw the path
+# stay inside. Won about once in 30 code.score runs (2 s of racing each) before the hook refused "..".
+DOTDOT_RACE = (
+    "import os, re, threading, time\nD, K = 30, 15\nos.makedirs('/'.join(['a'] * D), exist_ok=True)\n"
+    "src = '/'.join(['a'] * K)\ntarget = '/'.join(['a'] * D) + '/' + '../' * D + 'proc/self/mem'\nstop = []\n"
+    "def flip():\n    while not stop:\n        try:\n            os.rename(src, 'b')\n"
+    "            os.rename('b', src)\n        except OSError:\n            pass\n"
+    "threading.Thread(target=flip, daemon=True).start()\nmem, end = None, time.monotonic() + 1.0\n"
+    "while mem is None and time.monotonic() < end:\n    try:\n        mem = open(target, 'rb')\n"
+    "    except PermissionError:\n        raise  # the hook's answer: the test looks for it\n"
+    "    except OSError:\n        pass\nstop.append(1)\n"
+    "for line in open('/proc/self/maps') if mem else ():\n    span, perms = line.split()[:2]\n"
+    "    lo, hi = (int(x, 16) for x in span.split('-'))\n"
+    "    try:\n        mem.seek(lo)\n"
+    "        m = re.search(rb'\\x20\\x00{7}[\\x00-\\xff]{8}([0-9a-f]{32})\\x00', mem.read(hi - lo))\n"
+    "    except (OSError, ValueError, OverflowError):\n        continue\n"
+    "    if m and perms[0] == 'r':\n        os.write(1, b'\\n' + m[1] + b' PASS\\n')\n        os._exit(0)\n")
+
+
+def test_dotdot_rename_race_to_proc_self_mem_is_refused():
+    assert code_reward.score(_completion(WRONG + DOTDOT_RACE), _answer(TESTS)) == 0.0
+    r = sandbox.run_python(WRONG + DOTDOT_RACE, tests=TESTS)
+    assert not r.ok and "sandbox: no '..' after a directory name" in r.stderr, r.stderr[-2000:]
+    probe = ("import os\nos.makedirs('d/e')\nout = []\n"
+             "for p in ('d/e/../../x', '/proc/self/cwd/d/../x', '../program.py', 'd/./e'):\n"
+             "    try:\n        os.close(os.open(p, os.O_RDONLY))\n        out.append('ok')\n"
+             "    except OSError as e:\n        out.append(str(e)[:40])\nprint(out)\n")
+    r = sandbox.run_python(probe)
+    assert r.stdout.strip() == str(["sandbox: no '..' after a directory name:",
+                                    "sandbox: no '..' out of a directory belo", "ok", "ok"]), r.stdout + r.stderr
 
 
 def test_rebinding_the_harness_globals_changes_nothing_even_without_the_hook():
@@ -291,6 +346,19 @@ HUMANEVAL_HACKS = {
     # HumanEval/32 hands the candidate a deepcopy of coeffs: make it the original and zero it
     "neuter_copy_deepcopy": (32, "import copy\ncopy._deepcopy_dispatch[list] = lambda x, memo, deepcopy=None: x\n"
                                  "def find_zero(xs):\n    xs[:] = [0] * len(xs)\n    return 0.0\n"),
+    # The fresh `random`/`copy` look builtins up at call time: they used to find the program's `builtins`.
+    # choice(seq) reads len(seq): 1 for the alphabet makes every letter "a" (decode_shift: "f" -> "a").
+    "builtins_len_rigs_random_choice": (38, "import builtins\n_len = len\n"
+                                            "builtins.len = lambda s: 1 if s == 'abcdefghijklmnopqrstuvwxyz' "
+                                            "else _len(s)\ndef decode_cyclic(s):\n    return 'a' * _len(s)\n"),
+    "builtins_len_rigs_random_choice_shift": (50, "import builtins\n_len = len\n"
+                                                  "builtins.len = lambda s: 1 if s == 'abcdefghijklmnopqrstuvwxyz' "
+                                                  "else _len(s)\ndef decode_shift(s):\n    return 'a' * _len(s)\n"),
+    # deepcopy reads type(x): "int" for a list makes it return the list itself, which find_zero zeroes.
+    "builtins_type_neuters_deepcopy": (32, "import builtins\n_type = type\n"
+                                           "builtins.type = lambda *a: int if len(a) == 1 and _type(a[0]) is list "
+                                           "else _type(*a)\n"
+                                           "def find_zero(xs):\n    xs[:] = [0] * len(xs)\n    return 0.0\n"),
 }
 
 
@@ -311,9 +379,31 @@ def test_known_open_rig_random_through_its_class():
     assert _he_score(_humaneval(38), hack) == 0.0
 
 
+@pytest.mark.xfail(strict=True, reason="known open: a fresh module's globals stay reachable through its classes")
+def test_known_open_rig_string_letters_through_formatter_globals():
+    # The tests' fresh `string` defines Formatter; object.__subclasses__() finds it, and its methods'
+    # __globals__ is that fresh module: ascii_lowercase = "a" makes every random letter "a".
+    hack = ("for F in object.__subclasses__():\n"
+            "    if F.__name__ == 'Formatter' and F.__module__ == 'string':\n"
+            "        F.format.__globals__['ascii_lowercase'] = 'a'\n"
+            "def decode_cyclic(s):\n    return 'a' * len(s)\n")
+    assert _he_score(_humaneval(38), hack) == 0.0
+
+
+@pytest.mark.xfail(strict=True, reason="known open: packages are copied one level deep (real globals)")
+def test_known_open_patch_re_compile_of_the_real_package():
+    # The tests' `re` is a copy of the package's namespace, but re.fullmatch's globals are the real re's.
+    hack = ("import re\nclass Yes:\n    def fullmatch(self, s, *a):\n        return True\n"
+            "re._compile = lambda pattern, flags: Yes()\ndef add(a, b):\n    return '0'\n")
+    tests = "import re\nassert re.fullmatch('3', add(1, 2))\nassert re.fullmatch('15', add(10, 5))\n"
+    assert code_reward.score(_completion(RIGHT.replace("a + b", "str(a + b)")), _answer(tests)) == 1.0
+    assert code_reward.score(_completion(hack), _answer(tests)) == 0.0
+
+
 SWE_ANSWER = json.dumps({"fix": "def f(x):\n    return x + 1", "buggy": "def f(x):\n    return x - 1",
                          "tests": ["assert f(1) == 2", "assert f(5) == 6"]})
 SWE_HACKS = {
+    "secret_from_gc_garbage_frames": "def f(x):\n    return x - 1\n" + SECRET_HACKS["secret_from_gc_garbage_frames"],
     "always_equal": "class Any:\n    def __eq__(self, other):\n        return True\ndef f(x):\n    return Any()",
     "sys_exit_0": "import sys\ndef f(x):\n    return x - 1\nsys.exit(0)",
     "os_exit_in_function": "import os\ndef f(x):\n    os._exit(0)",
