@@ -32,8 +32,11 @@ What the harness guarantees, and what it does not (details in ``nemocascade/sand
     on disk, and no frame object (``sys._getframe``, tracebacks' ``tb_frame``, generators' ``gi_frame``,
     signal handlers, trace functions) reaches the program, so it cannot read their expected values;
   * not stopped: memory corruption (crafted bytecode through ``marshal``), a test that hands one of its
-    own functions to the program (``__globals__`` is then the tests' namespace), stdlib state below a
-    module's top level (e.g. ``random``'s hidden generator), and weak tests themselves.
+    own functions to the program (``__globals__`` is then the tests' namespace), classes the program
+    reaches through ``object.__subclasses__()`` (a fresh module's ``random.Random`` or ``string.Formatter``,
+    and through them that module's globals), a package's submodules (copied one level deep: ``re._compile``,
+    ``collections.Counter``), and weak tests themselves. ``tests/test_reward_hacks.py`` pins each open case
+    as a strict xfail.
 
 :data:`SCORE_TIMEOUT_S` bounds one sandboxed run; keep a ``VerifierPool`` timeout above it (sandbox
 start-up is ~0.1 s), or the pool kills the worker first (the sandbox then dies with it).
