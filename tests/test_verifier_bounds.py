@@ -282,3 +282,29 @@ def test_time_limit_off_the_main_thread():
     worker.start()
     worker.join(5.0)
     assert out and out[0][0] == (None, True) and out[0][1] < 0.8
+
+
+def swallows_once_then_spins(completion, answer):
+    """As when the interruption lands in a finalizer (gc during the call): Python reports it as unraisable
+    and drops it, and the call runs on."""
+    try:
+        spins(completion, answer)
+    except BaseException:
+        pass
+    spins(completion, answer)
+
+
+@pytest.mark.parametrize("where", ["main", "thread"])
+def test_a_swallowed_interruption_is_repeated(where):
+    from nemocascade.rewards.limits import call_with_timeout
+
+    out = []
+    run = lambda: out.append(_timed(call_with_timeout, 0.2, swallows_once_then_spins, "", ""))  # noqa: E731
+    if where == "main":
+        run()
+    else:
+        worker = threading.Thread(target=run, daemon=True)
+        worker.start()
+        worker.join(5.0)
+    assert out and out[0][0] == (None, True) and out[0][1] < 0.8, out
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)

@@ -33,6 +33,9 @@ import time
 MAX_COMPLETION_CHARS = 1_000_000
 
 
+_REFIRE_S = 0.05  # how soon an expired limit interrupts again if its first interruption was swallowed
+
+
 class VerifierTimeout(BaseException):
     """Raised into a call that outlived its limit. Not an ``Exception``: a verifier's own
     ``except Exception`` (bad input -> 0.0) must not swallow it."""
@@ -84,6 +87,9 @@ class _SignalLimit:
             signal.setitimer(signal.ITIMER_REAL, max(self._deadline - now, 1e-6))
             return
         self.expired = True
+        # Fire again soon: a handler that runs inside a finalizer (gc during the call) has its exception
+        # swallowed as "unraisable", and the call would then run on unbounded. disarm() stops the repeats.
+        signal.setitimer(signal.ITIMER_REAL, _REFIRE_S)
         raise VerifierTimeout(f"verifier call ran past {self.timeout_s} s")
 
     def disarm(self) -> None:
@@ -117,10 +123,14 @@ class _WatchdogLimit:
             if self._active:
                 self.expired = True
                 _set_async_exc(self._thread_id, VerifierTimeout)
+                # Again until disarmed: an exception delivered inside a finalizer is swallowed as "unraisable"
+                self._timer = threading.Timer(_REFIRE_S, self._fire)
+                self._timer.daemon = True
+                self._timer.start()
 
     def disarm(self) -> None:
-        self._timer.cancel()
         with self._lock:
+            self._timer.cancel()  # under the lock: _fire may be replacing it
             if self._active and self.expired:
                 _set_async_exc(self._thread_id, None)  # not delivered yet (the call ended in C code): drop it
             self._active = False
