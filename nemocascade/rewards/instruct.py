@@ -31,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from nemocascade.chat import strip_think
-from nemocascade.rewards.limits import MAX_COMPLETION_CHARS
+from nemocascade.rewards.limits import bounded_completion
 
 _WORD_RE = re.compile(r"\w+")
 _PUNCT = str.maketrans("", "", string.punctuation)
@@ -319,6 +319,7 @@ def check_all(response: str, constraints: list[dict]) -> list[bool]:
     return [check(response, c) for c in constraints]
 
 
+@bounded_completion
 def score(completion: str, answer: str, in_think: bool = False) -> float:
     """1.0 iff the final response of ``completion`` satisfies every constraint of ``answer``, else 0.0.
 
@@ -327,8 +328,6 @@ def score(completion: str, answer: str, in_think: bool = False) -> float:
     ``in_think`` as in ``rewards.math.score``. A malformed completion or constraint list scores 0.0; any
     other exception is a bug here, which the verifier pool scores 0.0 and counts (``verifier_errors``).
     """
-    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
-        return 0.0
     response = strip_think(completion, in_think=in_think)
     if not response:
         return 0.0

@@ -24,6 +24,7 @@ inputs on which a regex backtracks or sympy expands. Two bounds, meant to be use
 from __future__ import annotations
 
 import ctypes
+import functools
 import signal
 import threading
 import time
@@ -31,6 +32,18 @@ import time
 # 4x the longest rollouts C2 samples (64K tokens at ~4 characters a token): no real completion comes near,
 # and every verifier's work on this much text stays well under a second.
 MAX_COMPLETION_CHARS = 1_000_000
+
+
+def bounded_completion(score):
+    """A reward ``score(completion, answer, ...)`` that returns 0.0 for a completion that is not a str or is
+    longer than :data:`MAX_COMPLETION_CHARS`, before any of its own work: the size gate every verifier shares.
+    (``functools.wraps`` keeps the name, so the pool's workers still unpickle the module's ``score``.)"""
+    @functools.wraps(score)
+    def gated(completion, answer, *args, **kwargs):
+        if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
+            return 0.0
+        return score(completion, answer, *args, **kwargs)
+    return gated
 
 
 _REFIRE_S = 0.05  # how soon an expired limit interrupts again if its first interruption was swallowed

@@ -41,7 +41,7 @@ import re
 from fractions import Fraction
 
 from nemocascade.chat import strip_think
-from nemocascade.rewards.limits import MAX_COMPLETION_CHARS, call_with_timeout
+from nemocascade.rewards.limits import bounded_completion, call_with_timeout
 
 # Boxed answers in MATH / AIME / Olympiad sets are at most a few hundred characters (a matrix, a long
 # expression); past this a "number" is digit spam and a "formula" is nesting spam.
@@ -55,6 +55,7 @@ _MAX_EXPONENT_DIGITS = 4  # 2^{10000} is fine to compare; 2^{100000} starts cost
 _MAX_BIG_EXPONENT_DIGITS = 6
 
 
+@bounded_completion
 def score(completion: str, answer: str, in_think: bool = False) -> float:
     """1.0 if ``completion``'s final boxed answer equals ``answer`` (module docstring), else 0.0.
 
@@ -62,8 +63,6 @@ def score(completion: str, answer: str, in_think: bool = False) -> float:
     the prompt), so a completion with no ``</think>`` is unfinished -> 0 (see ``chat.strip_think``).
     Malformed, over-long or pathological input of any kind scores 0.0; it raises only on a bug.
     """
-    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
-        return 0.0
     return 1.0 if _is_correct(completion, answer, in_think) else 0.0
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 
 from nemocascade.chat import strip_think
-from nemocascade.rewards.limits import MAX_COMPLETION_CHARS
+from nemocascade.rewards.limits import bounded_completion
 from nemocascade.rewards.math import last_boxed
 
 LETTERS = "ABCD"
@@ -36,10 +36,10 @@ def extract_choice(final: str) -> str | None:
     return found[-1] if found else None
 
 
+@bounded_completion
 def score(completion: str, answer: str) -> float:
     """1.0 iff the chosen letter equals ``answer`` (one of A-D); raises only on a bug (the pool counts it)."""
     key = str(answer).strip()
-    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS or len(key) != 1 \
-            or key not in LETTERS:
+    if len(key) != 1 or key not in LETTERS:
         return 0.0
     return 1.0 if extract_choice(strip_think(completion)) == key else 0.0

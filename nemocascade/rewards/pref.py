@@ -29,7 +29,7 @@ import json
 import re
 
 from nemocascade.chat import strip_think
-from nemocascade.rewards.limits import MAX_COMPLETION_CHARS
+from nemocascade.rewards.limits import bounded_completion
 from nemocascade.rewards.structured import MALFORMED
 
 UNHELPFUL_MARKERS = ("don't know", "do not know", "not sure", "cannot help", "can't help")
@@ -81,10 +81,9 @@ def judge(final: str, spec: dict) -> float:
     return sum(checks) / len(checks)
 
 
+@bounded_completion
 def score(completion: str, answer: str) -> float:
     """Proxy score of a whole assistant turn (module docstring); raises only on a bug."""
-    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
-        return 0.0
     try:
         return judge(strip_think(completion), json.loads(answer))
     except MALFORMED:  # a malformed answer: no reward

@@ -29,7 +29,7 @@ import json
 import re
 
 from nemocascade.chat import strip_think
-from nemocascade.rewards.limits import MAX_COMPLETION_CHARS
+from nemocascade.rewards.limits import bounded_completion
 
 SUPPORTED_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "enum", "items"})
 _TYPES = {
@@ -125,10 +125,9 @@ def final_json(completion: str):
     return loads_strict(m.group(1) if m is not None else final)
 
 
+@bounded_completion
 def score(completion: str, answer: str) -> float:
     """1.0 iff the final JSON object satisfies the schema and the expected values (module docstring)."""
-    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
-        return 0.0
     try:
         spec = json.loads(answer)
         value = final_json(completion)

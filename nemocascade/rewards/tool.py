@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 
 from nemocascade.chat import strip_think
-from nemocascade.rewards.limits import MAX_COMPLETION_CHARS
+from nemocascade.rewards.limits import bounded_completion
 from nemocascade.rewards.structured import MALFORMED, loads_strict, same_value
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -39,10 +39,9 @@ def parse_call(final: str) -> dict | None:
     return call
 
 
+@bounded_completion
 def score(completion: str, answer: str) -> float:
     """1.0 iff the completion's single tool call equals the expected one (module docstring)."""
-    if not isinstance(completion, str) or len(completion) > MAX_COMPLETION_CHARS:
-        return 0.0
     try:
         expected = json.loads(answer)
         call = parse_call(strip_think(completion))
