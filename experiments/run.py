@@ -46,14 +46,6 @@ _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "multi-host: call jax.dis
                                  "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID)")
 
 
-def _flat_keys(cfg, prefix=""):
-    for key in cfg.keys():
-        value = cfg[key]
-        yield prefix + key
-        if hasattr(value, "keys") and not isinstance(value, str):
-            yield from _flat_keys(value, f"{prefix}{key}.")
-
-
 def parse_flags(argv: list[str]) -> list[str]:
     """absl parsing, but a bad `--config.KEY=VALUE` ends in one line naming the key (with the nearest valid
     one) or the value, and exit status 2, instead of chained tracebacks."""
@@ -71,14 +63,19 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def _known_keys(argv: list[str]) -> set[str]:
-    """Every dotted key of the config `--config=` names (empty if it does not load)."""
+    """Every dotted key of the config `--config=` names, inner nodes included (empty if it does not load)."""
     from nemocascade import configs
 
     spec = next((a[len("--config="):] for a in argv if a.startswith("--config=")), None)
     try:
-        return set(_flat_keys(configs.load(spec))) if spec else set()
+        leaves = configs.flatten(configs.load(spec).to_dict()) if spec else {}
     except Exception:  # a config file that fails to load: its own error is reported instead
         return set()
+    known = set()
+    for key in leaves:
+        parts = key.split(".")
+        known.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return known
 
 
 def _bad_input(message: str) -> int:

@@ -30,9 +30,25 @@ def resolve(spec: str) -> tuple[str, str | None]:
 def stage_order(cfg) -> list[str]:
     """Stage names in run order. ConfigDict iterates its keys sorted, so the order is explicit data:
     `config.stage_order` (a tuple, or a comma-separated string from the command line)."""
-    order = cfg.stage_order
-    parts = [order] if isinstance(order, str) else list(order)  # `--config.stage_order=a,b` may arrive as ("a,b",)
+    return parse_stage_order(cfg.stage_order)
+
+
+def parse_stage_order(order) -> list[str]:
+    """A tuple of names, a comma-separated string, or both (`--config.stage_order=a,b` may arrive as ("a,b",))."""
+    parts = [order] if isinstance(order, str) else list(order)
     return [s.strip() for p in parts for s in str(p).split(",") if s.strip()]
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """{"a": {"b": 1}} -> {"a.b": 1}. An empty dict stays a leaf, so adding its first key is a change."""
+    out = {}
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out |= flatten(value, path + ".")
+        else:
+            out[path] = value
+    return out
 
 
 def add_import_dir(path: str) -> None:

@@ -23,6 +23,7 @@ import socket
 import sys
 import time
 
+from nemocascade.configs import flatten, parse_stage_order
 from nemocascade.errors import BadInput, WorkdirBusy
 from nemocascade.files import atomic_write
 
@@ -83,39 +84,22 @@ def _plain(obj):
                                  else str(o)))
 
 
-def flatten(tree: dict, prefix: str = "") -> dict:
-    """{"a": {"b": 1}} -> {"a.b": 1}. An empty dict stays a leaf, so adding its first key is a change."""
-    out = {}
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out |= flatten(value, path + ".")
-        else:
-            out[path] = value
-    return out
-
-
-def _order(value) -> list[str]:
-    return [s.strip() for s in value.split(",") if s.strip()] if isinstance(value, str) else list(value)
-
-
-def config_changes(old: dict, new: dict) -> tuple[list[tuple[str, object, object]], bool]:
-    """(changed keys as (key, old, new) with `<absent>` for a missing side, whether `stage_order` only grew or
-    shrank at its end). Keys of a stage in only one of the two orders do not count as changes then."""
+def config_changes(old: dict, new: dict) -> tuple[list[tuple[str, object, object]], tuple | None]:
+    """(changed keys as (key, old, new) with `<absent>` for a missing side, growth). Growth is
+    ("stage_order", old order, new order) when the order only grew or shrank at its end, else None; the keys of
+    the stages in only one of the two orders are then not changes."""
     old, new = _plain(old), _plain(new)
-    o_order, n_order = _order(old.get("stage_order", [])), _order(new.get("stage_order", []))
-    old["stage_order"], new["stage_order"] = o_order, n_order
-    short, long_ = sorted((o_order, n_order), key=len)
+    orders = [parse_stage_order(c.pop("stage_order", [])) for c in (old, new)]
+    short, long_ = sorted(orders, key=len)
     grown = long_[len(short):] if long_[:len(short)] == short else []
-    exempt = {f"stages.{s}." for s in grown}
-    if grown:
-        old.pop("stage_order")
-        new.pop("stage_order")
+    exempt = tuple(f"stages.{s}." for s in grown)
     fo, fn = flatten(old), flatten(new)
+    if not grown:
+        fo["stage_order"], fn["stage_order"] = orders
     missing = "<absent>"
     changes = [(k, fo.get(k, missing), fn.get(k, missing)) for k in sorted(set(fo) | set(fn))
-               if fo.get(k, missing) != fn.get(k, missing) and not any(k.startswith(p) for p in exempt)]
-    return changes, bool(grown)
+               if fo.get(k, missing) != fn.get(k, missing) and not k.startswith(exempt)]
+    return changes, (("stage_order", *orders) if grown else None)
 
 
 def save_config(workdir: str, config: dict) -> None:
@@ -136,12 +120,11 @@ def check_config(workdir: str, config: dict, allow=()) -> list[tuple[str, object
     except (OSError, ValueError) as err:
         raise BadInput(f"{path} is unreadable ({err}); it records the config this workdir was started with. "
                        "Restore it, or use a new --workdir") from None
-    changes, grown = config_changes(recorded, config)
+    changes, growth = config_changes(recorded, config)
     refused = [c for c in changes if not any(fnmatch.fnmatchcase(c[0], p) for p in allow)]
     if refused:
         lines = "\n".join(f"  {k}: {o!r} -> {n!r}" for k, o, n in refused)
         raise BadInput(f"{path}: this workdir was started with another config; a resume must be the same run. "
                        f"Changed key(s):\n{lines}\nUse a new --workdir, restore the values, or allow named keys "
                        f"with --allow_config_change=KEY[,KEY...] (e.g. eval.*)")
-    return changes + ([("stage_order", _order(recorded.get("stage_order", [])), _order(config["stage_order"]))]
-                      if grown else [])
+    return changes + ([growth] if growth else [])
