@@ -83,9 +83,10 @@ def _batch_axis_size(cfg) -> int:
 
 def _validate_stage(cfg, name, stage, earlier, batch_axis) -> None:
     at = f"config.stages.{name}"
-    if stage.kind not in kinds.KINDS:
-        raise BadInput(f"{at}.kind={stage.kind!r} unknown; known kinds: {sorted(kinds.KINDS)}")
-    kind = kinds.KINDS[stage.kind]
+    try:
+        kind = kinds.get(stage.kind)
+    except KeyError:
+        raise BadInput(f"{at}.kind={stage.kind!r} unknown; known kinds: {sorted(kinds.KINDS)}") from None
     problems = kind.check(stage, {e: cfg.stages[e] for e in earlier})
     if stage.steps < 0:
         problems.append(f"steps must be >= 0, got {stage.steps}")
@@ -117,9 +118,9 @@ def _validate_stage(cfg, name, stage, earlier, batch_axis) -> None:
     except (KeyError, ValueError) as err:
         raise BadInput(f"{at}: {err.args[0] if err.args else err}") from None
     for key, ref in refs.items():
-        kind, _, target = ref.partition(":")
-        ok = ((kind == "stage" and (target in earlier or (target == "init" and cfg.get("eval_init"))))
-              or (kind == "best" and target in cfg.data.domains))
+        prefix, _, target = ref.partition(":")
+        ok = ((prefix == "stage" and (target in earlier or (target == "init" and cfg.get("eval_init"))))
+              or (prefix == "best" and target in cfg.data.domains))
         if not ok:
             raise BadInput(f"{at}.{key}={ref!r}: expected 'stage:<an earlier stage>' (earlier: {earlier}; "
                            f"'stage:init' with config.eval_init) or 'best:<domain>' "
@@ -296,7 +297,7 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
                 loaded = (start, checkpoint.load_params(ctx.registry.path(f"stage:{start}"), ctx.abstract_params))
             ctx.start_stage = start
             kind = kinds.get(stage.kind)
-            refs = _teacher_refs(stage)
+            refs = kind.teacher_refs(stage) if kind.teacher_refs else None
             teacher_stages = {d: f"stage:{ctx.registry.stage_of(r)}" for d, r in refs.items()} if refs else None
             t0 = time.time()
             params = kind.run(ctx, name, stage, loaded[1])

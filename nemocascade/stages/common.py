@@ -99,6 +99,14 @@ def stage_config(kind: str, kind_defaults: dict, **overrides) -> ml_collections.
     return cfg
 
 
+def sampling_problems(stage) -> list[str]:
+    """What is wrong with an RL stage's sampling settings (shared by the kinds that sample rollouts)."""
+    bad = [f"max_prompt_len={stage.max_prompt_len} must be >= 0 (0: config.eval.max_prompt_len)"] if (
+        stage.max_prompt_len < 0) else []
+    bad += [f"temperature={stage.temperature} must be > 0"] if not stage.temperature > 0 else []
+    return bad + ([f"top_p={stage.top_p} must be in (0, 1]"] if not 0 < stage.top_p <= 1 else [])
+
+
 def stage_rewards(stage) -> dict:
     """domain -> reward function used to train `stage` (its `rewards` overrides, else the domain's own)."""
     for d in stage.rewards:
@@ -257,11 +265,12 @@ class Trainer:
         with self._bar:
             for step in self._bar:
                 yield step
-                stop = interrupts.requested() or self._diverged
-                self.ckpt.save(step + 1, self.state, self._data_state, force=bool(stop))
+                signalled = interrupts.requested()
+                self.ckpt.save(step + 1, self.state, self._data_state, force=bool(signalled or self._diverged))
                 if self._diverged:
                     raise Diverged(self._diverged)
-                interrupts.check(f"after {self.name} step {step + 1}/{self.stage.steps} (checkpoint saved)")
+                if signalled:
+                    interrupts.check(f"after {self.name} step {step + 1}/{self.stage.steps} (checkpoint saved)")
 
     def put(self, batch):
         return shard_batch(self.ctx.mesh, batch)
@@ -278,12 +287,13 @@ class Trainer:
             return metrics
         self._nonfinite_run += 1
         step = int(self.state.step) - 1
-        bad = {k: v for k, v in metrics.items() if not math.isfinite(v)}
-        print(f"[{self.name}] step {step}: non-finite {sorted(bad) or ['params']}, update skipped "
+        bad = {k for k, v in metrics.items() if not math.isfinite(v)}
+        what = sorted(bad) or ["params"]  # finite loss and gradient: the new params were not
+        print(f"[{self.name}] step {step}: non-finite {what}, update skipped "
               f"({self._nonfinite_run}/{self.stage.max_nonfinite_steps} in a row)", file=sys.stderr)
         if self._nonfinite_run >= self.stage.max_nonfinite_steps:  # `steps` stops after this step is logged
             self._diverged = (f"stage {self.name!r}: {self._nonfinite_run} non-finite updates in a row (last at step "
-                              f"{step}: {sorted(bad) or ['params']}); stopped with the last good params in checkpoint "
+                              f"{step}: {what}); stopped with the last good params in checkpoint "
                               f"{self.ckpt.directory}/{int(self.state.step)}. Lower config.stages.{self.name}.optim.lr "
                               "or raise max_nonfinite_steps")
         return {k: v for k, v in metrics.items() if k not in bad}  # NaN has no place in metrics.jsonl

@@ -54,8 +54,6 @@ TERMS = ("pg", "kl", "entropy")
 def check(stage, earlier: dict) -> list[str]:
     """What is wrong with a GRPO stage's settings, as `key: problem` lines (empty: fine); run at validation.
     `earlier`: the stages before it (an RLHF stage's `reward_model` must name one of kind "rm")."""
-    from nemocascade.rl.filters import OVERLONG_MODES
-
     B, G = stage.prompts_per_step, stage.group_size
     bad = [f"objective.{k}: unknown term; terms: {TERMS}" for k in stage.objective if k not in TERMS]
     bad += [f"group_size={G}: the group baseline needs >= 2 rollouts per prompt (one is always its own mean: "
@@ -67,18 +65,15 @@ def check(stage, earlier: dict) -> list[str]:
     if not curriculum or min(s for s, _ in curriculum) != 0 or min(n for _, n in curriculum) < 1:
         bad.append(f"length_curriculum={curriculum}: needs an entry at step 0 and max_new_tokens >= 1 everywhere "
                    "(room for a response)")
-    bad += [f"max_prompt_len={stage.max_prompt_len} must be >= 0 (0: config.eval.max_prompt_len)"] if (
-        stage.max_prompt_len < 0) else []
     bad += [f"kl_estimator={stage.kl_estimator!r}; choose one of {losses.KL_ESTIMATORS}"] if (
         stage.kl_estimator not in losses.KL_ESTIMATORS) else []
     bad += [f"aggregation={stage.aggregation!r}; choose one of {losses.AGGREGATIONS}"] if (
         stage.aggregation not in losses.AGGREGATIONS) else []
-    bad += [f"overlong={stage.overlong!r}; choose one of {OVERLONG_MODES}"] if (
-        stage.overlong not in OVERLONG_MODES) else []
+    bad += [f"overlong={stage.overlong!r}; choose one of {filters.OVERLONG_MODES}"] if (
+        stage.overlong not in filters.OVERLONG_MODES) else []
     bad += [f"reward_mode={stage.reward_mode!r}; choose one of {REWARD_MODES}"] if (
         stage.reward_mode not in REWARD_MODES) else []
-    bad += [f"temperature={stage.temperature} must be > 0"] if not stage.temperature > 0 else []
-    bad += [f"top_p={stage.top_p} must be in (0, 1]"] if not 0 < stage.top_p <= 1 else []
+    bad += common.sampling_problems(stage)
     bad += [f"refill_rounds={stage.refill_rounds} must be >= 1"] if stage.refill_rounds < 1 else []
     src = stage.reward_model
     bad += [f"reward_model={src!r}: must name an earlier stage of kind 'rm' (earlier: {list(earlier)})"] if (

@@ -21,6 +21,11 @@ def register(kind: common.StageKind) -> common.StageKind:
     return kind
 
 
+def stage_config(kind: str, **overrides):
+    """A stage of a registered kind: the common keys, the kind's record defaults, then `overrides`."""
+    return common.stage_config(kind, get(kind).defaults, **overrides)
+
+
 def get(name: str) -> common.StageKind:
     try:
         return KINDS[name]

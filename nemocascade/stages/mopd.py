@@ -120,11 +120,7 @@ def check(stage, earlier: dict) -> list[str]:
         0 < stage.is_low <= 1 <= stage.is_high) else []
     bad += [f"{k}={stage[k]} must be >= 1" for k in ("prompts_per_step", "group_size", "max_new_tokens")
             if stage[k] < 1]
-    bad += [f"max_prompt_len={stage.max_prompt_len} must be >= 0 (0: config.eval.max_prompt_len)"] if (
-        stage.max_prompt_len < 0) else []
-    bad += [f"temperature={stage.temperature} must be > 0"] if not stage.temperature > 0 else []
-    bad += [f"top_p={stage.top_p} must be in (0, 1]"] if not 0 < stage.top_p <= 1 else []
-    return bad
+    return bad + common.sampling_problems(stage)
 
 
 def run(ctx: common.RunContext, name: str, stage, params):
