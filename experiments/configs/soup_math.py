@@ -40,7 +40,7 @@ def run_soup(ctx, name, stage, params):
     return souped
 
 
-SOUP = kinds.register(common.StageKind("soup", SOUP_DEFAULTS, run_soup, check_soup))
+kinds.register(common.StageKind("soup", SOUP_DEFAULTS, run_soup, check_soup))
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -50,7 +50,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "sft", sft.DEFAULTS, domains=["math"], steps=c.stages.sft.steps // 4, batch_size=32,
         seq_len=c.stages.sft.seq_len, init_from="stage:sft", side_branch=True, checkpoint_every=100,
         optim=dict(lr=1e-3, schedule="cosine", warmup_steps=10, min_lr_frac=0.05))
-    c.stages.soup = common.stage_config("soup", SOUP_DEFAULTS, steps=0, sources=("stage:grpo", "stage:branch"),
-                                        weights=(0.5, 0.5))
+    c.stages.soup = kinds.stage_config("soup", steps=0, sources=("stage:grpo", "stage:branch"), weights=(0.5, 0.5))
     c.stage_order = ("sft", "grpo", "branch", "soup")
     return c
