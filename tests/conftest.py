@@ -22,18 +22,32 @@ def run_cli():
     return run
 
 
-def tiny_sft_config(tmp_path, steps=6):
-    """sft_math:tiny shrunk to seconds: a 1-layer d=32 model, 256 examples, data and tokenizer under `tmp_path`
-    (shared by every run of a test, so they are built once)."""
+def tiny_math_config(spec, tmp_path):
+    """Config `spec` (a math config's `tiny` variant) shrunk to seconds: a 1-layer d=32 model, 256 examples, inline
+    verifiers, data and tokenizer under `tmp_path` (shared by every run of a test, so they are built once)."""
     from nemocascade import configs
 
-    cfg = configs.load("sft_math:tiny")
+    cfg = configs.load(spec)
     cfg.data.data_dir = str(tmp_path / "data")
     cfg.tokenizer.path = str(tmp_path / "tok" / "t.model")
     cfg.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
     cfg.data.domains.math.update(num_train=256, num_test=8)
     cfg.eval.update(n=8, batch_size=8, max_new_tokens=24)
     cfg.reward.num_workers = 0
+    return cfg
+
+
+def tiny_sft_config(tmp_path, steps=6):
+    """sft_math:tiny through `tiny_math_config`, `steps` SFT steps of 4 x 96 tokens."""
+    cfg = tiny_math_config("sft_math:tiny", tmp_path)
     cfg.stages.sft.update(steps=steps, batch_size=4, seq_len=96, checkpoint_every=4, eval_every=0)
     return cfg
+
+
+def final_params(workdir, stage):
+    """The params a finished stage saved (`checkpoints/final/<stage>`), as numpy arrays."""
+    from nemocascade import checkpoint
+
+    with checkpoint.ocp.StandardCheckpointer() as ckptr:
+        return ckptr.restore(os.path.join(workdir, "checkpoints", "final", stage))
 

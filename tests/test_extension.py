@@ -1,32 +1,22 @@
 """A stage kind added from an experiment file, with no library edit: `experiments/configs/soup_math.py` registers
 `soup` (a weighted average of earlier checkpoints) and the driver runs it like a built-in kind: validated before
 training, trained in order, evaluated on every domain, its params pinned to the numpy average."""
-import os
-
 import numpy as np
 import pytest
 
-from nemocascade import cascade, checkpoint, configs, errors
+from nemocascade import cascade, configs, errors
 from nemocascade.stages import kinds
+
+from conftest import final_params, tiny_math_config
 
 
 def _tiny_soup(tmp_path):
-    c = configs.load("soup_math:tiny")
-    c.data.data_dir, c.tokenizer.path = str(tmp_path / "data"), str(tmp_path / "tok" / "t.model")
-    c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
-    c.data.domains.math.update(num_train=256, num_test=8)
-    c.eval.update(n=8, batch_size=8, max_new_tokens=24)
-    c.reward.num_workers = 0
+    c = tiny_math_config("soup_math:tiny", tmp_path)
     c.stages.sft.update(steps=4, batch_size=4, eval_every=0, checkpoint_every=4)
     c.stages.grpo.update(steps=1, prompts_per_step=4, group_size=4, eval_every=0, length_curriculum=((0, 16),))
     c.stages.branch.update(steps=3, batch_size=4, checkpoint_every=3)
     c.stages.soup.weights = (0.25, 0.75)
     return c
-
-
-def _final(wd, stage):
-    with checkpoint.ocp.StandardCheckpointer() as ck:
-        return ck.restore(os.path.join(wd, "checkpoints", "final", stage))
 
 
 def test_a_stage_kind_from_an_experiment_file_runs_in_the_cascade(tmp_path):
@@ -37,7 +27,7 @@ def test_a_stage_kind_from_an_experiment_file_runs_in_the_cascade(tmp_path):
     stages = {s["name"]: s for s in summary["stages"]}
     assert list(stages) == ["sft", "grpo", "branch", "soup"] and stages["soup"]["kind"] == "soup"
     assert stages["soup"]["eval"]["math"]["n"] == 8  # evaluated like any stage
-    grpo, branch, soup = _final(wd, "grpo"), _final(wd, "branch"), _final(wd, "soup")
+    grpo, branch, soup = (final_params(wd, s) for s in ("grpo", "branch", "soup"))
     for key in ("embed", "final_norm"):
         np.testing.assert_allclose(np.asarray(soup[key]),
                                    0.25 * np.asarray(grpo[key]) + 0.75 * np.asarray(branch[key]), rtol=1e-6)

@@ -18,16 +18,11 @@ import pytest
 from nemocascade import cascade, checkpoint, configs, errors, interrupts, train_state, workdir
 from nemocascade.stages import common
 
-from conftest import ROOT, tiny_sft_config
+from conftest import ROOT, final_params, tiny_sft_config
 
 
 def _rows(wd):
     return [json.loads(line) for line in open(os.path.join(wd, "metrics.jsonl"))]
-
-
-def _final(wd, stage="sft"):
-    with checkpoint.ocp.StandardCheckpointer() as c:
-        return c.restore(os.path.join(wd, "checkpoints", "final", stage))
 
 
 def _assert_same_tree(a, b):
@@ -309,7 +304,7 @@ def test_sigterm_stops_at_a_step_boundary_and_the_resume_is_identical(tmp_path, 
     _corrupt(os.path.join(cut, "checkpoints", "sft", "5"))  # and the newest is damaged: resume from step 4
     monkeypatch.setattr(common.Trainer, "log", original)
     cascade.run(cfg, cut, "sft_math", "tiny")
-    _assert_same_tree(_final(full), _final(cut))
+    _assert_same_tree(final_params(full, "sft"), final_params(cut, "sft"))
     assert [r["step"] for r in _rows(cut)] == list(range(7))
 
 

@@ -10,17 +10,11 @@ import pytest
 from nemocascade import cascade, checkpoint
 from nemocascade.stages import common
 
-from conftest import tiny_sft_config
+from conftest import final_params, tiny_sft_config
 
 
 def _cfg(tmp_path, steps=6):
     return tiny_sft_config(tmp_path, steps)
-
-
-def _final_params(workdir):
-    path = os.path.join(workdir, "checkpoints", "final", "sft")
-    with checkpoint.ocp.StandardCheckpointer() as c:
-        return c.restore(path)
 
 
 def test_interrupted_sft_resumes_to_identical_params(tmp_path, monkeypatch):
@@ -44,7 +38,7 @@ def test_interrupted_sft_resumes_to_identical_params(tmp_path, monkeypatch):
     monkeypatch.setattr(common.Trainer, "log", original_log)
     cascade.run(cfg, cut_dir, "sft_math", "tiny")
 
-    a, b = _final_params(full_dir), _final_params(cut_dir)
+    a, b = final_params(full_dir, "sft"), final_params(cut_dir, "sft")
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     # metrics.jsonl of the resumed run has each step exactly once
