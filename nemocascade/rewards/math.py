@@ -271,15 +271,24 @@ _BIG_FACTORIAL_RE = re.compile(r"\d{4,}\s*!")  # 100000! costs sympy seconds
 
 
 def _too_costly(s: str) -> bool:
-    """True for input sympy would choke on: long, deeply nested, a power tower or huge exponents."""
+    """True for input sympy would choke on: long, deeply nested, a power tower, huge exponents, a factorial of
+    a factorial."""
     if len(s) > _MAX_FALLBACK_CHARS or _BIG_FACTORIAL_RE.search(s):
         return True
     s = s.replace("**", "^")
-    depth = 0
-    for c in s:
-        depth += (c in "({[") - (c in ")}]")
-        if depth > _MAX_BRACE_DEPTH:
-            return True
+    groups = [False]  # per open group: holds a factorial? (100!)! is a factorial sympy computes in C, where
+    for i, c in enumerate(s):  # no clock can interrupt it
+        if c in "({[":
+            groups.append(False)
+            if len(groups) > _MAX_BRACE_DEPTH + 1:
+                return True
+        elif c in ")}]" and len(groups) > 1:
+            inner = groups.pop()
+            if inner and s[i + 1:].lstrip().startswith("!"):
+                return True
+            groups[-1] |= inner
+        elif c == "!":
+            groups[-1] = True
     exponent_digits = 0
     for m in _POWER_RE.finditer(s):
         if m.group(1):
