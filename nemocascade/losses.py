@@ -11,7 +11,8 @@ Contents:
   kl_penalty            per-token k1/k2/k3 KL estimators (Schulman 2020).
   grpo_loss             strictly on-policy GRPO, token-mean (DAPO) by default; micro-batch-exact.
   loss_normalizer       the global denominator ``grpo_loss`` needs when micro-batching.
-  mopd_loss             multi-domain on-policy distillation (C2 section 4.4).
+  mopd_loss             multi-domain on-policy distillation (C2 section 4.4); mopd_token_loss its per-token part.
+  aggregate_sum         the one reduction (token_mean / seq_mean_token_mean / constant), over loss_normalizer.
   forward_kl / reverse_kl / generalized_jsd   full-distribution distillation losses (GKD), per token.
   bradley_terry_loss    pairwise reward-model loss (RLHF, C1 scalar RM).
 """
@@ -151,8 +152,10 @@ def loss_normalizer(mask, aggregation="token_mean"):
     return jnp.maximum(count, 1.0)
 
 
-def _aggregate_sum(per_token, mask, aggregation):
-    """The numerator matching ``loss_normalizer``: the loss is ``_aggregate_sum(...) / normalizer``."""
+def aggregate_sum(per_token, mask, aggregation):
+    """The numerator matching ``loss_normalizer``: the reduced loss is ``aggregate_sum(...) / normalizer``.
+
+    The one reduction every objective term goes through (nemocascade/objectives.py)."""
     mask = _f32(mask)
     if aggregation == "seq_mean_token_mean":
         n_tok = jnp.sum(mask, axis=-1)
@@ -203,14 +206,14 @@ def grpo_loss(
     denom = loss_normalizer(mask, aggregation) if normalizer is None else _f32(normalizer)
     adv = jax.lax.stop_gradient(_f32(advantages))[:, None]
     pg_per_token = -adv * _f32(logp)
-    pg_loss = _aggregate_sum(pg_per_token, mask, aggregation) / denom
+    pg_loss = aggregate_sum(pg_per_token, mask, aggregation) / denom
     metrics = {"pg_loss": pg_loss, "num_tokens": jnp.sum(_f32(mask))}
     loss = pg_loss
     if ref_logp is not None:
         kl = kl_penalty(logp, ref_logp, kl_estimator)
         metrics["kl"] = _masked_mean(jax.lax.stop_gradient(kl), mask)
         if kl_coef > 0:
-            loss = loss + kl_coef * _aggregate_sum(kl, mask, aggregation) / denom
+            loss = loss + kl_coef * aggregate_sum(kl, mask, aggregation) / denom
     return loss, metrics
 
 
@@ -234,33 +237,36 @@ def mopd_loss(logp_train, logp_teacher, logp_sampler, mask, is_low=0.5, is_high=
     (should fall toward 0), ``is_weight_mean`` (masked mean of w), ``is_clip_frac`` (fraction of valid
     tokens outside the band), ``num_tokens``, ``num_responses`` (responses with >= 1 valid token).
     """
+    _check_same_shape("logp_train", logp_train, mask=mask)
+    per_token, weight, in_band = mopd_token_loss(logp_train, logp_teacher, logp_sampler, is_low, is_high)
+    mask = _f32(mask)
+    denom = loss_normalizer(mask, "seq_mean_token_mean") if normalizer is None else _f32(normalizer)
+    loss = aggregate_sum(per_token, mask, "seq_mean_token_mean") / denom
+    metrics = {
+        "reverse_kl": _masked_mean(jax.lax.stop_gradient(_f32(logp_train) - _f32(logp_teacher)), mask),
+        "is_weight_mean": _masked_mean(weight, mask),
+        "is_clip_frac": _masked_mean(1.0 - in_band, mask),
+        "num_tokens": jnp.sum(mask),
+        "num_responses": jnp.sum(jnp.sum(mask, axis=-1) > 0).astype(jnp.float32),
+    }
+    return loss, metrics
+
+
+def mopd_token_loss(logp_train, logp_teacher, logp_sampler, is_low=0.5, is_high=2.0):
+    """MOPD's per-token loss ``-w_t a_t log pi_train(y_t)`` (see ``mopd_loss``), with ``w_t`` and the band
+    indicator (float) for logging: ``(per_token, w, in_band)``, all [N, T]."""
     if not 0 < is_low <= 1 <= is_high:
         raise ValueError(f"is_low={is_low}, is_high={is_high}: need 0 < is_low <= 1 <= is_high")
     if jnp.ndim(logp_train) != 2:
         raise ValueError(f"logp_train must be [N, T], got shape {jnp.shape(logp_train)}")
-    _check_same_shape("logp_train", logp_train, logp_teacher=logp_teacher, logp_sampler=logp_sampler, mask=mask)
-    mask = _f32(mask)
+    _check_same_shape("logp_train", logp_train, logp_teacher=logp_teacher, logp_sampler=logp_sampler)
     logp_train = _f32(logp_train)
     sg_train = jax.lax.stop_gradient(logp_train)
     adv = jax.lax.stop_gradient(_f32(logp_teacher)) - sg_train
     ratio = jnp.exp(sg_train - jax.lax.stop_gradient(_f32(logp_sampler)))
     in_band = (ratio >= is_low * (1 - _BAND_RTOL)) & (ratio <= is_high * (1 + _BAND_RTOL))
     weight = jnp.where(in_band, ratio, 0.0)
-
-    n_tok = jnp.sum(mask, axis=-1)
-    valid_resp = (n_tok > 0).astype(jnp.float32)
-    per_resp = jnp.sum(mask * weight * adv * logp_train, axis=-1) / jnp.maximum(n_tok, 1.0)
-    denom = jnp.maximum(jnp.sum(valid_resp), 1.0) if normalizer is None else _f32(normalizer)
-    loss = -jnp.sum(per_resp) / denom
-
-    metrics = {
-        "reverse_kl": _masked_mean(sg_train - jax.lax.stop_gradient(_f32(logp_teacher)), mask),
-        "is_weight_mean": _masked_mean(weight, mask),
-        "is_clip_frac": _masked_mean(1.0 - in_band.astype(jnp.float32), mask),
-        "num_tokens": jnp.sum(mask),
-        "num_responses": jnp.sum(valid_resp),
-    }
-    return loss, metrics
+    return -weight * adv * logp_train, weight, in_band.astype(jnp.float32)
 
 
 # ------------------------------------------------------------- full-distribution distillation (GKD)

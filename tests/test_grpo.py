@@ -8,11 +8,11 @@ import numpy as np
 import optax
 import pytest
 
-from nemocascade import train_state
+from nemocascade import objectives, train_state
 from nemocascade.models import ModelConfig, forward, init_params
-from nemocascade.rl import filters
+from nemocascade.rl import filters, update
 from nemocascade.rl.rollouts import RolloutSource
-from nemocascade.stages import common, grpo
+from nemocascade.stages import common, grpo, onpolicy
 
 CFG = ModelConfig(vocab_size=17, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32)
 
@@ -33,11 +33,22 @@ def _batch(n=8, length=10, seed=0):
             "advantages": rng.normal(size=n).astype(np.float32), "has_data": np.float32(1)}
 
 
+def _update_fn(stage, tx, cfg=CFG):
+    """The jitted on-policy update the stage loop runs, for `stage`'s objective."""
+    objective = objectives.build(stage.objective, stage.aggregation, stage)
+    return jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=cfg, tx=tx, objective=objective,
+                                                     micro_batches=stage.micro_batches))
+
+
 def _step(stage, batch, tx=None, params=None):
     tx = tx or optax.sgd(1.0)
     params = params if params is not None else init_params(CFG, jax.random.key(0))
     state = train_state.create(params, tx, jax.random.key(0))
-    return jax.jit(lambda s, b: grpo.grpo_step(s, b, None, model_cfg=CFG, tx=tx, stage=stage))(state, batch)
+    return _update_fn(stage, tx)(state, {**batch, "domain_idx": np.zeros(len(batch["tokens"]), np.int32)})
+
+
+def _build(groups, stage, target, **kw):
+    return update.build_batch(groups, overlong=stage.overlong, adv_eps=stage.adv_eps, target=target, **kw)
 
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "constant"])
@@ -81,7 +92,8 @@ def _groups(rewards, truncated):
     P, G = rewards.shape
     return {"tokens": np.ones((P, G, 5), np.int32), "valid": np.ones((P, G, 5), bool),
             "positions": np.zeros((P, G, 5), np.int32), "mask": np.ones((P, G, 4), np.float32),
-            "sampler_logp": np.zeros((P, G, 4), np.float32), "rewards": rewards, "truncated": truncated}
+            "sampler_logp": np.zeros((P, G, 4), np.float32), "rewards": rewards, "truncated": truncated,
+            "domain_idx": np.zeros(P, np.int32)}
 
 
 def test_build_batch_advantages_overlong_and_padding():
@@ -92,23 +104,23 @@ def test_build_batch_advantages_overlong_and_padding():
     a0 = [0.5 / (0.5 + eps), -0.5 / (0.5 + eps), -0.5 / (0.5 + eps), 0.5 / (0.5 + eps)]
     s1 = np.sqrt(0.1875)
     a1 = [0.25 / (s1 + eps)] * 2 + [-0.75 / (s1 + eps), 0.25 / (s1 + eps)]
-    b = grpo.build_batch(_groups(rewards, trunc), _stage(overlong="filter"), target=3, group_bucket=0)
+    b = _build(_groups(rewards, trunc), _stage(overlong="filter"), target=3, group_bucket=0)
     np.testing.assert_allclose(b["advantages"], a0 + a1 + [0] * 4, rtol=1e-6)
     assert b["mask"].shape == (12, 4)
     assert b["mask"].sum(1).tolist() == [4, 4, 0, 4] + [4] * 4 + [0] * 4  # truncated masked, pad zero
     # penalty: the truncated rollout gets reward 0 (already 0 here) and stays in the loss
-    b = grpo.build_batch(_groups(rewards, trunc), _stage(overlong="penalty"), target=2)
+    b = _build(_groups(rewards, trunc), _stage(overlong="penalty"), target=2)
     assert b["mask"].sum() == 8 * 4 and b["has_data"] == 1
-    empty = grpo.build_batch(_groups(rewards[:0], trunc[:0]), _stage(), target=2, group_bucket=0)
+    empty = _build(_groups(rewards[:0], trunc[:0]), _stage(), target=2, group_bucket=0)
     assert empty["has_data"] == 0 and empty["mask"].shape == (8, 4) and empty["mask"].sum() == 0
     # default: pad only up to a multiple of group_bucket groups (4 here -> 2 groups + 2 zero groups)
-    b = grpo.build_batch(_groups(rewards, trunc), _stage(), target=16)
+    b = _build(_groups(rewards, trunc), _stage(), target=16)
     assert b["advantages"].shape == (16,) and b["mask"][8:].sum() == 0
 
 
 def test_length_curriculum_sub_stages():
     stage = _stage(length_curriculum=((0, 64), (10, 96), (30, 128)))
-    assert [grpo.max_new_tokens_at(stage, s) for s in (0, 9, 10, 29, 30, 99)] == [64, 64, 96, 96, 128, 128]
+    assert [onpolicy.max_new_tokens_at(stage, s) for s in (0, 9, 10, 29, 30, 99)] == [64, 64, 96, 96, 128, 128]
 
 
 def test_unknown_stage_key_is_named():
@@ -127,7 +139,7 @@ def test_build_batch_cuts_all_padding_columns_in_buckets():
     mask = np.zeros((1, 2, W - 1), np.float32)
     mask[0, 0, 30:40] = 1
     g |= {"tokens": tokens, "valid": valid, "positions": tokens, "mask": mask, "sampler_logp": mask * -0.5}
-    b = grpo.build_batch(g, _stage(), target=1)
+    b = _build(g, _stage(), target=1)
     # lo = 16 (20 rounded down), width = 32 (41-16=25 rounded up) -> columns 16..47
     assert b["tokens"][0].tolist() == list(range(16, 48))
     assert b["mask"].shape == (2, 31) and b["mask"].sum() == 10
@@ -143,8 +155,9 @@ def test_kl_term_gradient_equals_hand_k3():
     stage = _stage(objective=dict(pg=0.0, kl=0.5, entropy=0.0))
     tx = optax.sgd(1.0)
     state = train_state.create(params, tx, jax.random.key(0))
-    new, metrics = jax.jit(lambda s, b, r: grpo.grpo_step(s, b, r, model_cfg=CFG, tx=tx, stage=stage))(
-        state, batch, ref)
+    batch["domain_idx"] = np.zeros(4, np.int32)
+    roles = update.FrozenRoles(CFG, {"ref_logp"}, reference=ref)
+    new, metrics = _update_fn(stage, tx)(state, batch | roles(batch))
 
     def logp_of(p):
         lp = jax.nn.log_softmax(forward(p, CFG, batch["tokens"][:, :-1]))
@@ -184,7 +197,7 @@ def test_rollout_source_epoch_filter_drops_solved_prompts_at_epoch_end():
 
 
 def test_grpo_learns_a_verifiable_toy_reward():
-    """The real sampler + build_batch + grpo_step on a toy task: reward 1 iff the first response token
+    """The real sampler + build_batch + policy_update on a toy task: reward 1 iff the first response token
     is even. A random policy scores ~0.5; 15 on-policy GRPO steps must push it above 0.9."""
     from nemocascade import sampling
 
@@ -192,7 +205,7 @@ def test_grpo_learns_a_verifiable_toy_reward():
     stage = _stage(group_size=8)
     tx = optax.adam(1e-2)
     state = train_state.create(init_params(cfg, jax.random.key(0)), tx, jax.random.key(0))
-    step = jax.jit(lambda s, b: grpo.grpo_step(s, b, None, model_cfg=cfg, tx=tx, stage=stage))
+    step = _update_fn(stage, tx, cfg)
     prompts = jnp.asarray(np.random.default_rng(0).integers(1, 16, (8, 4)), jnp.int32)
     lens = jnp.full((8,), 4, jnp.int32)
 
@@ -203,12 +216,12 @@ def test_grpo_learns_a_verifiable_toy_reward():
         r = lambda x: np.asarray(x).reshape(8, 8, *np.shape(x)[1:])  # noqa: E731
         groups = {"tokens": r(tokens), "valid": r(valid), "positions": r(positions), "mask": r(rmask),
                   "sampler_logp": r(np.zeros_like(rmask)), "rewards": rewards,
-                  "truncated": np.zeros((8, 8), bool)}
+                  "truncated": np.zeros((8, 8), bool), "domain_idx": np.zeros(8, np.int32)}
         return groups
 
     first = rollout(state.params, jax.random.key(100))["rewards"].mean()
     for i in range(15):
-        state, _ = step(state, grpo.build_batch(rollout(state.params, jax.random.key(i)), stage, 8))
+        state, _ = step(state, _build(rollout(state.params, jax.random.key(i)), stage, 8))
     last = np.mean([rollout(state.params, jax.random.key(200 + k))["rewards"].mean() for k in range(3)])
     assert 0.25 < first < 0.75, first
     assert last > 0.9, (first, last)

@@ -8,8 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from nemocascade import teachers, train_state
+from nemocascade import objectives, teachers, train_state
 from nemocascade.models import ModelConfig, forward, init_params
+from nemocascade.rl import update
 from nemocascade.stages import common, mopd
 
 CFG = ModelConfig(vocab_size=13, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32)
@@ -37,11 +38,23 @@ def _logp(params, b):
 
 
 def _setup(stage, seed=0):
+    """(params, teacher params, state, step(state, batch, teachers)): the frozen-role passes, then the one
+    on-policy update, as the stage loop runs them. Rows of domain i ("math", "if") get teacher i."""
     params = init_params(CFG, jax.random.key(seed))
     teacher_params = (init_params(CFG, jax.random.key(10)), init_params(CFG, jax.random.key(11)))
     tx = optax.sgd(LR)
     state = train_state.create(params, tx, jax.random.key(0))
-    step = jax.jit(lambda s, b, t: mopd.mopd_step(s, b, t, model_cfg=CFG, tx=tx, stage=stage))
+    objective = objectives.build(stage.objective, stage.aggregation, stage)
+    update_fn = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=CFG, tx=tx, objective=objective,
+                                                          domains=((0, "math"), (1, "if"))))
+
+    def step(state, batch, teachers):
+        roles = update.FrozenRoles(CFG, objective.needs, teachers=teachers, teacher_of_domain=[0, 1],
+                                   topk=stage.distill_topk)
+        batch = {k: v for k, v in batch.items() if k != "teacher_idx"} | {"advantages": np.zeros(len(batch["mask"]),
+                                                                                                  np.float32),
+                                                                           "has_data": np.float32(1)}
+        return update_fn(state, batch | roles(batch))
     return params, teacher_params, state, step
 
 
@@ -91,7 +104,7 @@ def test_student_equal_to_teacher_has_zero_loss_and_gradient():
 @pytest.mark.parametrize("objective", ["forward_kl", "reverse_kl", "gjsd"])
 def test_full_distribution_objectives_reduce_per_response_then_mean(objective):
     b = _batch()
-    params, teacher_params, state, step = _setup(_stage(objective=objective, gjsd_beta=0.3))
+    params, teacher_params, state, step = _setup(_stage(objective={"mopd": 0.0, objective: 1.0}, gjsd_beta=0.3))
     _, metrics = step(state, b, teacher_params)
 
     def log_softmax(x):
@@ -118,9 +131,12 @@ def test_full_distribution_objectives_reduce_per_response_then_mean(objective):
 
 
 def test_teacher_refs_default_to_best_per_domain_and_reject_foreign_domains():
-    assert mopd.teacher_refs(_stage(teachers={"if": "stage:ifrl"})) == {"math": "best:math", "if": "stage:ifrl"}
+    refs = mopd.KIND.teacher_refs
+    assert refs(_stage(teachers={"if": "stage:ifrl"})) == {"math": "best:math", "if": "stage:ifrl"}
     with pytest.raises(ValueError, match="code"):
-        mopd.teacher_refs(_stage(teachers={"code": "stage:x"}))
+        refs(_stage(teachers={"code": "stage:x"}))
+    # the objective decides: no term reads a teacher, no teacher is loaded
+    assert refs(_stage(objective={"mopd": 0.0, "nll": 1.0})) == {}
 
 
 def test_registry_best_per_domain_keeps_the_earlier_stage_on_ties(tmp_path):

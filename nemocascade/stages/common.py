@@ -254,9 +254,10 @@ class Trainer:
                              f"structure (grad_clip on/off, AdamW); use 'reset' otherwise.") from err
         finally:
             prev.close()
-        is_sched = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731
-        return jax.tree.map(lambda new, o: new if is_sched(new) else o, self.state.opt_state, old.opt_state,
-                            is_leaf=is_sched)
+        # schedule counters restart; the logging links' records (per-term norms: other terms) are this stage's
+        own = lambda x: isinstance(x, (optax.ScaleByScheduleState, optim.TermGradNorms, optim.ClipState))  # noqa: E731
+        return jax.tree.map(lambda new, o: new if own(new) else o, self.state.opt_state, old.opt_state,
+                            is_leaf=own)
 
     # -- the loop
     def steps(self):

@@ -1,0 +1,221 @@
+"""A stage's loss: a weighted sum of named per-token terms, reduced once (METHOD.md "GRPO", "MOPD").
+
+    L(theta) = sum_k  w_k(step) * aggregate_sum(l_k, mask) / normaliser
+
+A term is a small pure function ``term(x, **options) -> (l [N, T], metrics {name: [N, T]})``: a per-token
+loss and per-token diagnostics. ``x`` holds, [N, T] and aligned with the next-token targets unless noted:
+
+  logp            log pi_theta(y_t) of the sampled tokens (differentiable)
+  logits          the policy's logits [N, T, V] (differentiable)
+  mask            1 on the tokens that count (response tokens)
+  sampler_logp    log pi_inf(y_t) as the sampler drew y_t
+  advantages      [N], group-normalised (needs "advantages": rollouts are scored by the stage's rewards)
+  ref_logp        the frozen reference's log-probs of y_t (needs "ref_logp")
+  teacher_logp    the row's teacher's log-probs of y_t (needs "teacher_logp")
+  teacher_logits  the row's teacher's log-probabilities [N, T, K] over its top K tokens, or the whole
+                  vocabulary (K = V) when the stage's ``distill_topk`` is 0 (needs "teacher_logits")
+  teacher_support [N, T, K] token ids of those K (only with distill_topk > 0)
+
+``needs`` tells the on-policy step what to compute before the update: a frozen role is scored only when a
+term with non-zero weight reads it. ``options`` names the stage config keys a term reads (``kl_estimator``).
+
+Every term's loss goes through the stage's one ``aggregation`` (losses.AGGREGATIONS) with a normaliser taken
+on the *global* batch, so micro-batch gradients sum to the full-batch gradient for every term. Diagnostics
+are token means over the global batch. A weight is a float (0 drops the term: no compute at all) or an
+optax schedule over the stage's steps, ``{"schedule": "linear", "init_value": 0.0, "end_value": 0.05,
+"transition_steps": 100}``.
+
+A new term, from anywhere (an experiment file included)::
+
+    @objectives.register("length", needs=())
+    def length_penalty(x):
+        return jnp.ones_like(x["logp"]), {}      # reduced with the stage's aggregation, like every term
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from nemocascade import losses
+
+INPUTS = ("advantages", "ref_logp", "teacher_logp", "teacher_logits")  # what a term may need scored first
+SCHEDULES = {"constant": optax.constant_schedule, "linear": optax.linear_schedule,
+             "cosine_decay": optax.cosine_decay_schedule, "warmup_cosine_decay": optax.warmup_cosine_decay_schedule,
+             "piecewise_constant": optax.piecewise_constant_schedule, "exponential_decay": optax.exponential_decay,
+             "polynomial": optax.polynomial_schedule}
+
+
+@dataclasses.dataclass(frozen=True)
+class Term:
+    name: str
+    fn: Callable  # (x, **options) -> (per-token loss [N, T], {metric: per-token value [N, T]})
+    needs: frozenset  # of INPUTS
+    options: tuple  # stage config keys passed to fn as keyword arguments
+
+
+TERMS: dict[str, Term] = {}
+
+
+def register(name: str, *, needs=(), options=()):
+    """Decorator: add ``fn`` as objective term ``name`` (a stage's ``objective.<name>`` weight selects it).
+    Registering the same function again (a config file loaded twice) is fine; another function under a taken
+    name is a ValueError, so an experiment cannot replace a built-in by accident."""
+    unknown = sorted(set(needs) - set(INPUTS))
+    if unknown:
+        raise ValueError(f"term {name!r} needs {unknown}: not inputs the step computes; known: {INPUTS}")
+
+    def add(fn):
+        old = TERMS.get(name)
+        if old is not None and (old.fn.__module__, old.fn.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise ValueError(f"objective term {name!r} is already registered by {old.fn.__module__}")
+        TERMS[name] = Term(name, fn, frozenset(needs), tuple(options))
+        return fn
+    return add
+
+
+# --------------------------------------------------------------------------------------------- built-ins
+
+
+@register("pg", needs=("advantages",))
+def policy_gradient(x):
+    """GRPO's strictly on-policy term -A_i log pi(y_it) (ratio 1, so PPO's clip never acts; losses.grpo_loss)."""
+    return -jax.lax.stop_gradient(x["advantages"])[:, None] * x["logp"], {}
+
+
+@register("kl", needs=("ref_logp",), options=("kl_estimator",))
+def kl_to_reference(x, kl_estimator):
+    """KL(pi || pi_ref) per sampled token, estimator k1/k2/k3 (losses.kl_penalty); logged as ``kl``."""
+    kl = losses.kl_penalty(x["logp"], x["ref_logp"], kl_estimator)
+    return kl, {"kl": jax.lax.stop_gradient(kl)}
+
+
+@register("entropy")
+def entropy_bonus(x):
+    """-H(pi) per position: a positive weight rewards entropy (0 in Cascade RL)."""
+    return -losses.token_entropy(x["logits"]), {}
+
+
+@register("mopd", needs=("teacher_logp",), options=("is_low", "is_high"))
+def mopd(x, is_low, is_high):
+    """MOPD's sampled-token reverse KL with the truncated IS band (losses.mopd_loss; C2 section 4.4)."""
+    per_token, weight, in_band = losses.mopd_token_loss(x["logp"], x["teacher_logp"], x["sampler_logp"],
+                                                        is_low, is_high)
+    return per_token, {"is_weight_mean": weight, "is_clip_frac": 1.0 - in_band}
+
+
+def _student_on_support(x):
+    """(student logits, teacher log-probs) on the teacher's support: the vocabulary, or its top K tokens, over
+    which both renormalise (a divergence between the two distributions restricted to those K)."""
+    support = x.get("teacher_support")
+    s = x["logits"] if support is None else jnp.take_along_axis(x["logits"], support, -1)
+    return s, x["teacher_logits"]
+
+
+@register("forward_kl", needs=("teacher_logits",))
+def forward_kl(x):
+    """KL(teacher || student) over the vocabulary or the teacher's top K (GKD; losses.forward_kl)."""
+    return losses.forward_kl(*_student_on_support(x)), {}
+
+
+@register("reverse_kl", needs=("teacher_logits",))
+def reverse_kl(x):
+    """KL(student || teacher) over the vocabulary or the teacher's top K (losses.reverse_kl)."""
+    return losses.reverse_kl(*_student_on_support(x)), {}
+
+
+@register("gjsd", needs=("teacher_logits",), options=("gjsd_beta",))
+def gjsd(x, gjsd_beta):
+    """Generalised Jensen-Shannon divergence JSD(beta) (GKD; losses.generalized_jsd)."""
+    return losses.generalized_jsd(*_student_on_support(x), gjsd_beta), {}
+
+
+@register("nll")
+def negative_log_likelihood(x):
+    """-log pi(y_t): SFT's loss on the batch's own tokens (here: the sampled ones)."""
+    return -x["logp"], {}
+
+
+# ----------------------------------------------------------------------------------------- the objective
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """The terms with non-zero weight, each with its weight (step -> float) and options; one aggregation."""
+    terms: tuple  # of (Term, weight: Callable[[step], float], options: dict)
+    aggregation: str
+
+    @property
+    def needs(self) -> frozenset:
+        return frozenset().union(*(t.needs for t, _, _ in self.terms))
+
+    @property
+    def names(self) -> tuple:
+        return tuple(t.name for t, _, _ in self.terms)
+
+    def term_losses(self, x, normalizer, num_tokens):
+        """({term: reduced loss}, metrics): unweighted values; metrics are global-batch token means."""
+        values, metrics = {}, {}
+        for term, _, options in self.terms:
+            per_token, diagnostics = term.fn(x, **options)
+            values[term.name] = losses.aggregate_sum(per_token, x["mask"], self.aggregation) / normalizer
+            for k, v in diagnostics.items():
+                metrics[k] = jnp.sum(x["mask"] * v) / num_tokens
+        return values, metrics
+
+    def weights(self, step) -> dict:
+        return {term.name: weight(step) for term, weight, _ in self.terms}
+
+
+def build(spec: Mapping, aggregation: str, settings: Mapping) -> Objective:
+    """The Objective of a stage: ``spec`` maps term -> weight (float or schedule spec), ``settings`` holds the
+    options the terms read (the stage config). Problems raise one ValueError naming every bad key."""
+    bad = problems(spec, aggregation, settings)
+    if bad:
+        raise ValueError("; ".join(bad))
+    terms = []
+    for name, w in spec.items():
+        if _is_schedule(w) or w != 0:
+            term = TERMS[name]
+            terms.append((term, _weight_fn(w), {k: settings[k] for k in term.options}))
+    return Objective(tuple(terms), aggregation)
+
+
+def problems(spec: Mapping, aggregation: str, settings: Mapping) -> list[str]:
+    """What is wrong with an objective, as ``objective.<key>: problem`` lines (empty: fine)."""
+    bad = [] if aggregation in losses.AGGREGATIONS else [
+        f"aggregation={aggregation!r}; choose one of {losses.AGGREGATIONS}"]
+    for name, w in spec.items():
+        if name not in TERMS:
+            bad.append(f"objective.{name}: unknown term; terms: {tuple(TERMS)}")
+            continue
+        if _is_schedule(w):
+            try:
+                _weight_fn(w)(0)
+            except Exception as err:  # noqa: BLE001 - reported with the key it came from
+                bad.append(f"objective.{name}: bad schedule {dict(w)} ({type(err).__name__}: {err}); schedules: "
+                           f"{tuple(SCHEDULES)}, each with its optax keyword arguments")
+        elif not isinstance(w, (int, float)) or isinstance(w, bool):
+            bad.append(f"objective.{name}={w!r}: a weight is a number or a schedule dict")
+        missing = [k for k in TERMS[name].options if k not in settings]
+        bad += [f"objective.{name}: reads the stage key {k!r}, which this stage lacks" for k in missing]
+    if not any(_is_schedule(w) or (isinstance(w, (int, float)) and w != 0) for w in spec.values()):
+        bad.append(f"objective={dict(spec)}: every weight is 0, nothing would train")
+    return bad
+
+
+def _is_schedule(w) -> bool:
+    return isinstance(w, Mapping) or hasattr(w, "to_dict")
+
+
+def _weight_fn(w) -> Callable:
+    if not _is_schedule(w):
+        return lambda step, w=float(w): w
+    kwargs = dict(w.to_dict() if hasattr(w, "to_dict") else w)
+    name = kwargs.pop("schedule", None)
+    if name not in SCHEDULES:
+        raise ValueError(f"schedule={name!r} is not one of {tuple(SCHEDULES)}")
+    return SCHEDULES[name](**kwargs)

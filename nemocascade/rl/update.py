@@ -1,0 +1,174 @@
+"""The on-policy update every RL stage kind runs (GRPO, RLHF, MOPD and its GKD variants), in three pure parts:
+
+    batch = build_batch(groups, ...)            rollouts -> group advantages -> flat training rows (host)
+    batch |= FrozenRoles(...)(batch)            the reference's / teachers' log-probs, each role its own jit
+    state, metrics = policy_update(state, batch, ...)   objective -> gradients -> optax chain (one jit)
+
+The objective (nemocascade/objectives.py) decides what the frozen roles must provide; the optax chain
+(nemocascade/optim.py) sums per-term gradients, clips, applies AdamW and zeroes frozen parameters.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from nemocascade import losses, optim
+from nemocascade.models import forward
+from nemocascade.rl import filters
+from nemocascade.rl.rollouts import trim_columns
+
+TEACHER_INPUTS = frozenset({"teacher_logp", "teacher_logits"})
+
+
+def build_batch(groups, *, overlong: str, adv_eps: float, target: int, bucket: int = 16, group_bucket: int = 4,
+                with_advantages: bool = True):
+    """Group filters -> advantages -> flat training rows, padded with zero-weight groups up to a multiple of
+    `group_bucket` (at most `target`): filtered-out groups cost no training compute.
+
+    Columns that are padding in every row are cut in multiples of `bucket` (few compiled shapes). Rows carry
+    `domain_idx` (index into the run's domains). Without advantages (an objective with no reward term) the
+    rewards are not read and `advantages` is 0."""
+    rewards, loss_keep = filters.overlong(groups["rewards"], groups["truncated"], overlong)
+    n_prompts, G = rewards.shape
+    adv = (np.asarray(losses.group_advantages(jnp.asarray(rewards), adv_eps)) if with_advantages
+           else np.zeros(rewards.shape, np.float32))
+    mask = groups["mask"] * loss_keep[..., None]
+    if group_bucket:
+        target = min(target, max(-(-n_prompts // group_bucket) * group_bucket, group_bucket))
+    pad = target - n_prompts
+    padded = lambda x: np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) if pad else x  # noqa: E731
+    flat = lambda x: padded(x).reshape(target * G, *x.shape[2:])  # noqa: E731
+    batch = {"tokens": flat(groups["tokens"]), "valid": flat(groups["valid"]), "positions": flat(groups["positions"]),
+             "mask": flat(mask.astype(np.float32)), "sampler_logp": flat(groups["sampler_logp"]),
+             "advantages": flat(adv.astype(np.float32)),
+             "domain_idx": flat(np.repeat(np.asarray(groups["domain_idx"], np.int32)[:, None], G, 1))}
+    return trim_columns(batch, bucket) | {"has_data": np.float32(n_prompts > 0)}
+
+
+class FrozenRoles:
+    """Scores a batch under the frozen roles an objective needs: the reference (``ref_logp``) and, per row,
+    that row's teacher (``teacher_logp``; ``teacher_logits`` [N, T, K] log-probabilities over the vocabulary
+    or the teacher's top ``topk`` tokens, with ``teacher_support``). Roles are params pytrees on the policy's
+    mesh; each is scored in its own jitted pass (one compile per shape, shared by all teachers)."""
+
+    def __init__(self, model_cfg, needs, reference=None, teachers=(), teacher_of_domain=None, topk: int = 0):
+        """`teacher_of_domain`: int array, run-domain index -> index into `teachers`."""
+        self.needs, self.reference, self.teachers, self.topk = frozenset(needs), reference, tuple(teachers), topk
+        self.teacher_of_domain = None if teacher_of_domain is None else jnp.asarray(teacher_of_domain, jnp.int32)
+        if "ref_logp" in self.needs and reference is None:
+            raise ValueError("the objective needs ref_logp but no reference params were given")
+        if self.needs & TEACHER_INPUTS and not self.teachers:
+            raise ValueError("the objective needs a teacher but no teacher params were given")
+        self._logp = jax.jit(functools.partial(_sampled_logp, model_cfg))
+        self._teacher = jax.jit(functools.partial(_teacher_pass, model_cfg, "teacher_logits" in self.needs, topk),
+                                donate_argnums=3)
+
+    def __call__(self, batch) -> dict:
+        out = {}
+        if "ref_logp" in self.needs:
+            out["ref_logp"] = self._logp(self.reference, batch)
+        if self.needs & TEACHER_INPUTS:
+            rows = self.teacher_of_domain[batch["domain_idx"]]
+            scored = None
+            for k, params in enumerate(self.teachers):  # static shapes: every teacher scores every row
+                scored = self._teacher(params, batch, rows == k, scored)
+            out |= scored
+        return out
+
+
+def _sampled_logp(model_cfg, params, batch):
+    logits = forward(params, model_cfg, batch["tokens"][:, :-1], batch["positions"][:, :-1], batch["valid"][:, :-1])
+    return losses.token_logprobs(logits, batch["tokens"][:, 1:])
+
+
+def _teacher_pass(model_cfg, full: bool, topk: int, params, batch, rows, acc):
+    """This teacher's values on `rows` (bool [N]), the accumulated other teachers' values elsewhere."""
+    logits = forward(params, model_cfg, batch["tokens"][:, :-1], batch["positions"][:, :-1], batch["valid"][:, :-1])
+    logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+    new = {"teacher_logp": jnp.take_along_axis(logp_all, batch["tokens"][:, 1:, None], -1)[..., 0]}
+    if full and topk:
+        new["teacher_logits"], new["teacher_support"] = jax.lax.top_k(logp_all, topk)
+    elif full:
+        new["teacher_logits"] = logp_all
+    if acc is None:
+        return new
+    pick = lambda a, b: jnp.where(rows.reshape(-1, *([1] * (a.ndim - 1))), a, b)  # noqa: E731
+    return jax.tree.map(pick, new, acc)
+
+
+def policy_update(state, batch, *, model_cfg, tx, objective, micro_batches: int = 1, domains=(),
+                  split_terms: bool = False):
+    """One optimiser update on `objective` (objectives.Objective).
+
+    batch: tokens/valid/positions [N, L]; mask, sampler_logp [N, L-1]; advantages, domain_idx [N]; has_data
+    (0: a no-op update, only the step counter moves); plus what FrozenRoles added. `domains`: (run-domain
+    index, name) pairs to log reverse KL per domain. `micro_batches` split the rows; every reduction uses the
+    whole batch's normaliser, so their summed gradient is the full batch's. `split_terms`: hand the optax
+    chain one gradient per term (optim.sum_term_grads logs their norms; one backward pass per term)."""
+    batch = dict(batch)
+    keep = batch.pop("has_data") > 0
+    mask = batch["mask"]
+    normalizer = losses.loss_normalizer(mask, objective.aggregation)
+    row_tokens = jnp.sum(mask, -1)
+    n_tok = jnp.maximum(jnp.sum(row_tokens), 1.0)
+    domain_tokens = {name: jnp.maximum(jnp.sum(jnp.where(batch["domain_idx"] == i, row_tokens, 0.0)), 1.0)
+                     for i, name in domains}
+    weights = objective.weights(state.step)
+
+    def weighted_terms(params, b):
+        logits = forward(params, model_cfg, b["tokens"][:, :-1], b["positions"][:, :-1], b["valid"][:, :-1])
+        x = {**b, "logits": logits, "logp": losses.token_logprobs(logits, b["tokens"][:, 1:])}
+        values, metrics = objective.term_losses(x, normalizer, n_tok)
+        metrics |= {f"term/{k}": v for k, v in values.items()} | _diagnostics(x, n_tok, domains, domain_tokens)
+        return {k: weights[k] * v for k, v in values.items()}, metrics
+
+    def grads_of(b):
+        if split_terms:
+            terms, vjp, metrics = jax.vjp(lambda p: weighted_terms(p, b), state.params, has_aux=True)
+            unit = lambda k: {j: jnp.float32(j == k) for j in terms}  # noqa: E731
+            grads = {k: vjp(unit(k))[0] for k in terms}
+        else:
+            def total(p):
+                terms, metrics = weighted_terms(p, b)
+                return sum(terms.values()), (terms, metrics)
+            (_, (terms, metrics)), grads = jax.value_and_grad(total, has_aux=True)(state.params)
+        return sum(terms.values()), metrics, grads
+
+    if micro_batches == 1:
+        loss, metrics, grads = grads_of(batch)
+    else:
+        split = jax.tree.map(lambda x: x.reshape(micro_batches, x.shape[0] // micro_batches, *x.shape[1:]), batch)
+        first = jax.tree.map(lambda x: x[0], split)
+        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grads_of, first))
+        (loss, metrics, grads), _ = jax.lax.scan(lambda c, b: (jax.tree.map(jnp.add, c, grads_of(b)), None),
+                                                 zeros, split)
+    updates, opt_state = tx.update(grads, state.opt_state, state.params)
+    recorded = optim.logged(opt_state)
+    if "grad_norm" not in recorded:  # a bare optax transformation (tests): the norm of the summed gradient
+        recorded["grad_norm"] = optax.global_norm(grads if not split_terms else jax.tree.map(
+            lambda *g: sum(g), *grads.values()))
+    new_params = optax.apply_updates(state.params, updates)
+    pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(keep, a, b), new, old)  # noqa: E731
+    metrics = {**metrics, **recorded, "loss": loss} | {f"weight/{k}": w for k, w in weights.items()}
+    return state.replace(step=state.step + 1, params=pick(new_params, state.params),
+                         opt_state=pick(opt_state, state.opt_state)), metrics
+
+
+def _diagnostics(x, n_tok, domains, domain_tokens) -> dict:
+    """Token means over the global batch, not part of the loss: policy entropy, sampler-vs-trainer log-prob
+    gap, and with a teacher the reverse KL log pi - log pi_teacher overall and per domain (it should fall)."""
+    sg = jax.lax.stop_gradient
+    m = x["mask"]
+    out = {"entropy": jnp.sum(m * sg(losses.token_entropy(x["logits"]))) / n_tok,
+           "logp_mismatch": jnp.sum(m * jnp.abs(sg(x["logp"]) - x["sampler_logp"])) / n_tok}
+    if "teacher_logp" in x:
+        rkl = m * (sg(x["logp"]) - x["teacher_logp"])
+        out["reverse_kl"] = jnp.sum(rkl) / n_tok
+        for i, name in domains:
+            out[f"reverse_kl/{name}"] = jnp.sum(jnp.where((x["domain_idx"] == i)[:, None], rkl, 0.0)) / \
+                domain_tokens[name]
+    return out

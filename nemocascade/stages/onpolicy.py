@@ -1,0 +1,205 @@
+"""The one on-policy stage loop: GRPO, RLHF and MOPD (with its GKD variants) are configurations of it.
+
+Each step, strictly on-policy (METHOD.md "GRPO as used in every RL stage", "MOPD"):
+  1. sample B prompts x G rollouts from the *current* params (jitted sampler, KV cache);
+  2. score: the verifier or reward model of each prompt's domain, when a term trains on rewards (or for
+     monitoring, `log_reward`); group filters (overlong, max-reward mask, dynamic filter with bounded refill);
+  3. advantages A_i = (r_i - mean_g r) / (std_g r + eps) per group (when a term reads them);
+  4. the frozen roles the objective reads: the reference (= the params the stage started from, no copy) and
+     each prompt's teacher (`teachers`: domain -> checkpoint, default `best:<domain>`);
+  5. exactly one optimiser update on `objective` (rl/update.py: policy_update).
+
+What differs between kinds is only configuration: GRPO `objective=dict(pg=1, kl=...)` with `rewards` (RLHF:
+`reward_model=` an earlier `rm` stage); MOPD `objective=dict(mopd=1)`, `aggregation="seq_mean_token_mean"`,
+no reward, a learning rate warming up from 0.1x. Any mixture of terms is one config away.
+
+Left out on purpose: PPO epochs / clipping (one update per batch: the ratio is always 1), value functions,
+asynchronous rollouts.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from collections import defaultdict
+
+import jax
+import numpy as np
+
+from nemocascade import checkpoint, losses, objectives, optim
+from nemocascade.rl import filters
+from nemocascade.rl import rollouts as rollouts_lib
+from nemocascade.rl import update
+from nemocascade.stages import common
+
+DEFAULTS = dict(
+    max_prompt_len=0,  # 0: config.eval.max_prompt_len; long-context stages raise it
+    prompts_per_step=16, group_size=8, micro_batches=1,
+    max_new_tokens=96,  # response budget; `length_curriculum` ((start_step, max_new_tokens), ...) overrides it
+    length_curriculum=(),  # in sub-stages, C1 math RL style
+    temperature=1.0, top_p=1.0, top_k=0,
+    # the loss (nemocascade/objectives.py): term -> weight (a float, 0 = off, or an optax schedule dict)
+    objective=dict(pg=1.0, kl=0.0, entropy=0.0), aggregation="token_mean",
+    log_term_grad_norms=False,  # one backward pass per term, to log grad_norm/<term>
+    kl_estimator="k3",  # term kl
+    is_low=0.5, is_high=2.0,  # term mopd: truncated importance-sampling band
+    gjsd_beta=0.5, distill_topk=0,  # terms forward_kl / reverse_kl / gjsd: over the teacher's top K (0: vocabulary)
+    teachers={},  # domain -> checkpoint name for teacher terms; a domain not listed uses "best:<domain>"
+    log_reward=True,  # score rollouts for metrics even when no term trains on rewards
+    adv_eps=1e-6,
+    dynamic_filter=False, refill_rounds=3, overlong="none", mask_if_max_reward_below=-1.0,
+    epoch_filter=False, readmit_hard=0.1, readmit_easy=0.01,
+    # RLHF (METHOD.md "Rewards per domain"): score rollouts with the BT reward model an earlier `rm` stage
+    # trained, on the text after </think>; "scalar" = its score, "pairwise" = Cascade 2's aggregation (mean
+    # P(i beats j) over the group, ties broken by ranking, optional quality-gated conciseness bonus)
+    reward_model="", reward_mode="scalar", conciseness_bonus=0.0, quality_gate=0.5, rm_max_len=160,
+)
+REWARD_MODES = ("scalar", "pairwise")
+
+
+def needs(stage) -> frozenset:
+    """What the stage's objective reads beyond the policy (objectives.INPUTS), from its known, non-zero terms."""
+    return frozenset().union(*(objectives.TERMS[k].needs for k, w in stage.objective.items()
+                               if k in objectives.TERMS and (objectives._is_schedule(w) or w != 0)))
+
+
+def check(stage, earlier: dict) -> list[str]:
+    """What is wrong with an on-policy stage's settings, as `key: problem` lines (empty: fine); run at
+    validation. `earlier`: the stages before it (`reward_model` must name one of kind "rm")."""
+    B, G = stage.prompts_per_step, stage.group_size
+    bad = objectives.problems(stage.objective, stage.aggregation, stage)
+    trains_on_rewards = "advantages" in needs(stage)
+    bad += [f"group_size={G}: the group baseline needs >= 2 rollouts per prompt (one is always its own mean: "
+            "advantage 0, nothing trains)"] if trains_on_rewards and G < 2 else []
+    bad += [f"{k}={stage[k]} must be >= 1" for k in ("prompts_per_step", "group_size", "max_new_tokens",
+                                                      "refill_rounds") if stage[k] < 1]
+    bad += [f"micro_batches={stage.micro_batches} must divide prompts_per_step*group_size={B * G}"] if (
+        stage.micro_batches < 1 or (B * G) % stage.micro_batches) else []
+    curriculum = list(stage.length_curriculum)
+    if curriculum and (min(s for s, _ in curriculum) != 0 or min(n for _, n in curriculum) < 1):
+        bad.append(f"length_curriculum={curriculum}: needs an entry at step 0 and max_new_tokens >= 1 everywhere "
+                   "(room for a response)")
+    bad += [f"kl_estimator={stage.kl_estimator!r}; choose one of {losses.KL_ESTIMATORS}"] if (
+        stage.kl_estimator not in losses.KL_ESTIMATORS) else []
+    bad += [f"is_low={stage.is_low}, is_high={stage.is_high}: need 0 < is_low <= 1 <= is_high"] if not (
+        0 < stage.is_low <= 1 <= stage.is_high) else []
+    bad += [f"gjsd_beta={stage.gjsd_beta} must lie in (0, 1)"] if not 0 < stage.gjsd_beta < 1 else []
+    bad += [f"distill_topk={stage.distill_topk} must be >= 0"] if stage.distill_topk < 0 else []
+    bad += [f"overlong={stage.overlong!r}; choose one of {filters.OVERLONG_MODES}"] if (
+        stage.overlong not in filters.OVERLONG_MODES) else []
+    bad += [f"reward_mode={stage.reward_mode!r}; choose one of {REWARD_MODES}"] if (
+        stage.reward_mode not in REWARD_MODES) else []
+    if not trains_on_rewards:  # the reward filters act on groups the loss never reads
+        bad += [f"{k}: filters groups by reward, but no objective term trains on rewards" for k, off in (
+            ("dynamic_filter", False), ("epoch_filter", False), ("mask_if_max_reward_below", -1.0)) if stage[k] != off]
+    bad += common.sampling_problems(stage)
+    src = stage.reward_model
+    bad += [f"reward_model={src!r}: must name an earlier stage of kind 'rm' (earlier: {list(earlier)})"] if (
+        src and (src not in earlier or earlier[src].kind != "rm")) else []
+    return bad
+
+
+def max_new_tokens_at(stage, step: int) -> int:
+    if not stage.length_curriculum:
+        return stage.max_new_tokens
+    return max((s, n) for s, n in stage.length_curriculum if s <= step)[1]
+
+
+def teacher_refs(stage) -> dict[str, str]:
+    """domain -> teacher checkpoint name for every domain of the stage; {} when no term reads a teacher."""
+    if not needs(stage) & update.TEACHER_INPUTS:
+        return {}
+    extra = sorted(set(stage.teachers) - set(stage.domains))
+    if extra:
+        raise ValueError(f"stage teachers name domain(s) {extra} that the stage does not train on "
+                         f"(domains: {list(stage.domains)})")
+    return {d: stage.teachers.get(d, f"best:{d}") for d in stage.domains}
+
+
+def load_teachers(ctx, name: str, stage) -> tuple[tuple, np.ndarray]:
+    """Distinct teacher params (on the student's mesh) and run-domain index -> teacher index."""
+    refs = teacher_refs(stage)
+    resolved = {d: ctx.registry.stage_of(ref) for d, ref in refs.items()}
+    print(f"[{name}] teachers: " + ", ".join(f"{d} <- {refs[d]} ({s})" for d, s in resolved.items()), flush=True)
+    order = list(dict.fromkeys(resolved.values()))
+    params = tuple(checkpoint.load_params(ctx.registry.path(f"stage:{s}"), ctx.abstract_params) for s in order)
+    of_domain = [order.index(resolved[d]) if d in resolved else 0 for d in ctx.cfg.data.domains]
+    return params, np.asarray(of_domain, np.int32)
+
+
+def run(ctx: common.RunContext, name: str, stage, params):
+    """Train `stage.steps` on-policy steps from `params` (settings checked by `check` at validation)."""
+    B = stage.prompts_per_step
+    objective = objectives.build(stage.objective, stage.aggregation, stage)
+    split = bool(stage.log_term_grad_norms) and len(objective.terms) > 1
+    tx, schedule = optim.make_optimizer(stage.optim, stage.steps, objective.names if split else ())
+    trains_on_rewards = "advantages" in objective.needs
+    teachers, teacher_of_domain = load_teachers(ctx, name, stage) if objective.needs & update.TEACHER_INPUTS \
+        else ((), None)
+    roles = update.FrozenRoles(ctx.model_cfg, objective.needs, teachers=teachers,
+                               reference=params if "ref_logp" in objective.needs else None,
+                               teacher_of_domain=teacher_of_domain, topk=stage.distill_topk)
+    data_iter, epoch_len = common.prompt_stream(ctx, name, stage)
+    epoch_filter = (filters.EpochFilter(stage.readmit_hard, stage.readmit_easy, ctx.cfg.seed)
+                    if stage.epoch_filter else None)
+    rollouts = rollouts_lib.RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter, common.stage_rewards(stage),
+                                          scorer=rm_scorer(ctx, stage) if stage.reward_model else None)
+    run_domains = list(ctx.cfg.data.domains)
+    step_fn = functools.partial(update.policy_update, model_cfg=ctx.model_cfg, tx=tx, objective=objective,
+                                micro_batches=stage.micro_batches, split_terms=split,
+                                domains=tuple((run_domains.index(d), d) for d in stage.domains))
+    trainer = common.Trainer(ctx, name, stage, params, tx, step_fn, data_iter=data_iter,
+                             extra_state_fns=(rollouts.state_dict, rollouts.load_state_dict))
+    score = trains_on_rewards or stage.log_reward
+    with trainer:
+        for step in trainer.steps():
+            max_new = max_new_tokens_at(stage, step)
+            rng = jax.random.fold_in(jax.random.wrap_key_data(trainer.state.rng), step)
+            buf = filters.RefillBuffer(B, stage.refill_rounds if stage.dynamic_filter else 1)
+            timing, first, rounds = defaultdict(float), None, 0
+            while not buf.ready():  # always B prompts per round: one compiled sampler
+                groups, t = rollouts.rollouts(trainer.state.params, rollouts.prompts(B), max_new,
+                                              jax.random.fold_in(rng, rounds), score=score)
+                rounds += 1
+                for k, v in t.items():
+                    timing[k] += v
+                first = first or groups
+                keep = np.ones(B, bool)
+                if stage.dynamic_filter:
+                    keep &= filters.dynamic_filter_keep(groups["rewards"])
+                if stage.mask_if_max_reward_below != DEFAULTS["mask_if_max_reward_below"]:
+                    keep &= filters.max_reward_keep(groups["rewards"], stage.mask_if_max_reward_below)
+                buf.add(groups, keep)
+            groups, fstats = buf.take()
+            batch = update.build_batch(groups, overlong=stage.overlong, adv_eps=stage.adv_eps, target=B,
+                                       with_advantages=trains_on_rewards)
+            t0 = time.perf_counter()
+            batch = trainer.put(batch)
+            metrics = trainer.update(batch | roles(batch))
+            timing["train_s"] = time.perf_counter() - t0
+            metrics |= dict(timing) | (rollouts_lib.rollout_metrics(first, run_domains) if score else {
+                "response_len": float(first["lengths"].mean()), "truncation_rate": float(first["truncated"].mean())})
+            metrics |= {"lr": float(schedule(step)), "max_new_tokens": max_new, "kept_groups": fstats["kept"],
+                        "refill_rounds": fstats["rounds"]}
+            if stage.eval_every and (step + 1) % stage.eval_every == 0:
+                metrics |= common.quick_eval(ctx, trainer.state.params, stage)
+            trainer.log(step, metrics)
+        return trainer.finish()
+
+
+def rm_scorer(ctx, stage):
+    """Rewards [n_prompts, G] from the reward model of stage `stage.reward_model` (saved by `stages/rm.py`)."""
+    from nemocascade.rewards import rm as rm_rewards  # RLHF stages only
+    from nemocascade.stages import rm as rm_stage
+
+    scorer = rm_rewards.RewardModelScorer.load(
+        rm_stage.rm_path(ctx.workdir, stage.reward_model), ctx.model_cfg, ctx.tokenizer, mesh=ctx.mesh,
+        batch_size=stage.prompts_per_step * stage.group_size, max_len=stage.rm_max_len)
+
+    def score(records, texts, lengths):
+        G = stage.group_size
+        s = scorer.score([r["prompt"] for r in records for _ in range(G)], texts).reshape(len(records), G)
+        if stage.reward_mode == "scalar":
+            return s
+        return np.stack([rm_rewards.pairwise_rewards(rm_rewards.bt_preferences(row), lens, stage.conciseness_bonus,
+                                                     stage.quality_gate) for row, lens in zip(s, lengths)])
+    return score
