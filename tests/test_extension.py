@@ -1,10 +1,15 @@
-"""A stage kind added from an experiment file, with no library edit: `experiments/configs/soup_math.py` registers
-`soup` (a weighted average of earlier checkpoints) and the driver runs it like a built-in kind: validated before
-training, trained in order, evaluated on every domain, its params pinned to the numpy average."""
+"""A stage kind and an objective term added from an experiment file, with no library edit:
+`experiments/configs/soup_math.py` registers `soup` (a weighted average of earlier checkpoints) and the driver
+runs it like a built-in kind: validated before training, trained in order, evaluated on every domain, its params
+pinned to the numpy average. It also registers the term `length`, which its GRPO stage trains with."""
+import json
+import os
+
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nemocascade import cascade, configs, errors
+from nemocascade import cascade, configs, errors, objectives
 from nemocascade.stages import kinds
 
 from conftest import final_params, tiny_math_config
@@ -32,6 +37,27 @@ def test_a_stage_kind_from_an_experiment_file_runs_in_the_cascade(tmp_path):
         np.testing.assert_allclose(np.asarray(soup[key]),
                                    0.25 * np.asarray(grpo[key]) + 0.75 * np.asarray(branch[key]), rtol=1e-6)
     assert not np.allclose(np.asarray(grpo["embed"]), np.asarray(branch["embed"]))  # two different checkpoints
+    with open(os.path.join(wd, "metrics.jsonl")) as f:
+        rows = [r for r in map(json.loads, f) if r.get("stage") == "grpo"]
+    assert rows and all(r["weight/length"] == pytest.approx(0.05) and "term/length" in r and "over_budget" in r
+                        for r in rows)
+
+
+def test_the_experiment_term_matches_its_formula():
+    configs.load("soup_math:tiny")  # registers the term
+    term = objectives.TERMS["length"]
+    budget = term.fn.__globals__["LENGTH_BUDGET"]
+    rng = np.random.default_rng(0)
+    T = budget + 6
+    mask = np.zeros((2, T), np.float32)
+    mask[0, 2:] = 1  # T - 2 = budget + 4 response tokens: the last 4 are over
+    mask[1, 3:10] = 1  # short
+    logp = rng.normal(-1.0, 0.3, (2, T)).astype(np.float32)
+    per_token, diag = term.fn({"mask": jnp.asarray(mask), "logp": jnp.asarray(logp)})
+    want = np.zeros((2, T), np.float32)
+    want[0, -4:] = logp[0, -4:]
+    np.testing.assert_allclose(np.asarray(per_token), want)
+    assert np.asarray(diag["over_budget"]).sum() == 4
 
 
 def test_the_experiment_kind_is_validated_before_training():
