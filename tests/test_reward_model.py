@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from nemocascade import chat, losses
-from nemocascade.data import preference, registry
+from nemocascade.data import domains, preference
 from nemocascade.mesh import make_mesh
 from nemocascade.models import ModelConfig, forward, init_params, param_shardings, reward_model
 from nemocascade.models.transformer import left_pad_positions
@@ -191,12 +191,12 @@ def test_proxy_judge_never_raises():
 
 
 def test_pref_generate_is_deterministic_valid_and_short():
-    gen = registry.get_domain("pref").generate
+    gen = domains.get_domain("pref").generate
     a = gen(np.random.default_rng(5), 300)
     assert a == gen(np.random.default_rng(5), 300) and a != gen(np.random.default_rng(6), 300)
     vocab = set()
     for i, r in enumerate(a):
-        registry.validate_record(r, i)
+        domains.validate_record(r, i)
         pair = json.loads(r["answer"])
         assert r["response"] == pair["chosen"] and pref.score(_turn(pair["chosen"]), r["answer"]) == 1.0
         assert pref.score(_turn(pair["rejected"]), r["answer"]) <= 2 / 3
@@ -221,10 +221,10 @@ def test_pref_topics_are_separable_by_keyword():
 
 def test_pref_split_is_by_request_and_no_heldout_answer_leaks_into_training():
     key = lambda r: r["id"].split("/", 3)[3]  # noqa: E731
-    train = registry.generate_split("pref", "train", 1500, seed=0)
-    test = registry.generate_split("pref", "test", 200, seed=0)
-    assert all(registry.split_of(key(r)) == "train" for r in train)
-    assert all(registry.split_of(key(r)) == "test" for r in test)
+    train = domains.generate_split("pref", "train", 1500, seed=0)
+    test = domains.generate_split("pref", "test", 200, seed=0)
+    assert all(domains.split_of(key(r)) == "train" for r in train)
+    assert all(domains.split_of(key(r)) == "test" for r in test)
     assert not {key(r) for r in train} & {key(r) for r in test}
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
     train_texts = {t for r in train for t in (json.loads(r["answer"])["chosen"], json.loads(r["answer"])["rejected"])}
@@ -232,7 +232,7 @@ def test_pref_split_is_by_request_and_no_heldout_answer_leaks_into_training():
 
 
 def test_pref_imperfect_teacher_pads_its_response_only():
-    gen = registry.get_domain("pref").generate
+    gen = domains.get_domain("pref").generate
     good = gen(np.random.default_rng(3), 100, split=None, teacher_error_rate=0.0)
     bad = gen(np.random.default_rng(3), 100, split=None, teacher_error_rate=1.0)
     assert [r["answer"] for r in good] == [r["answer"] for r in bad]
@@ -246,8 +246,8 @@ def test_pref_imperfect_teacher_pads_its_response_only():
 
 
 def _ctx(tmp_path, num_train=2000):
-    train = registry.generate_split("pref", "train", num_train, 0)
-    test = registry.generate_split("pref", "test", 256, 0)
+    train = domains.generate_split("pref", "train", num_train, 0)
+    test = domains.generate_split("pref", "test", 256, 0)
     tok = load_or_train(str(tmp_path / "t.model"), lambda: (
         chat.render_prompt(r["prompt"]) + chat.render_completion(r["reasoning"], r["response"]) for r in train), 512)
     mcfg = ModelConfig(vocab_size=tok.vocab_size, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
@@ -298,7 +298,7 @@ def test_rm_stage_rejects_keep_and_non_preference_domains(tmp_path):
     policy = init_params(ctx.model_cfg, jax.random.key(0))
     with pytest.raises(ValueError, match="optimizer_policy"):
         rm.train_rm(ctx, "rm", common.stage_config("rm", rm.DEFAULTS, optimizer_policy="keep"), policy)
-    ctx.sources["math"] = {"train": registry.generate_split("math", "train", 4, 0), "test": []}
+    ctx.sources["math"] = {"train": domains.generate_split("math", "train", 4, 0), "test": []}
     with pytest.raises(ValueError, match="no preference pairs"):
         rm.train_rm(ctx, "rm", common.stage_config("rm", rm.DEFAULTS, domains=["math"]), policy)
 
