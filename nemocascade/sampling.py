@@ -14,7 +14,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from nemocascade.models.transformer import ModelConfig, forward, init_cache, left_pad_positions
+from nemocascade.models.transformer import ModelConfig, forward_cached, init_cache, left_pad_positions
 
 
 class Samples(NamedTuple):
@@ -61,7 +61,7 @@ def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new
     B, P = prompts.shape
     valid = jnp.arange(P)[None, :] >= (P - lens)[:, None]
     cache = init_cache(cfg, B, P + N)
-    logits, cache = forward(params, cfg, prompts, left_pad_positions(valid), valid, cache, 0)
+    logits, cache = forward_cached(params, cfg, prompts, left_pad_positions(valid), valid, cache, 0)
 
     def cond(state):
         i, _, _, _, _, done, _ = state
@@ -80,7 +80,8 @@ def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new
         out_lp = out_lp.at[:, i].set(jnp.where(done, 0.0, lp))
         alive = ~done
         done = done | (tok == eos_id)
-        logits, cache = forward(params, cfg, tok[:, None], (lens + i)[:, None], alive[:, None], cache, P + i)
+        logits, cache = forward_cached(params, cfg, tok[:, None], (lens + i)[:, None], alive[:, None], cache,
+                                       P + i)
         return i + 1, cache, logits[:, -1], out_tok, out_lp, done, rng
 
     state = (jnp.int32(0), cache, logits[:, -1], jnp.full((B, N), pad_id, jnp.int32),

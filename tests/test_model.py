@@ -40,11 +40,12 @@ def test_kv_cache_decode_matches_full_forward(name):
     full = tf.forward(params, cfg, jnp.asarray(tokens), pos, jnp.asarray(full_valid))
 
     cache = tf.init_cache(cfg, B, P + N)
-    logits, cache = tf.forward(params, cfg, jnp.asarray(tokens[:, :P]), pos[:, :P], jnp.asarray(valid), cache, 0)
+    logits, cache = tf.forward_cached(params, cfg, jnp.asarray(tokens[:, :P]), pos[:, :P], jnp.asarray(valid),
+                                      cache, 0)
     step_logits = [logits[:, -1]]
     for i in range(N - 1):
-        lg, cache = tf.forward(params, cfg, jnp.asarray(tokens[:, P + i:P + i + 1]), pos[:, P + i:P + i + 1],
-                               jnp.ones((B, 1), bool), cache, P + i)
+        lg, cache = tf.forward_cached(params, cfg, jnp.asarray(tokens[:, P + i:P + i + 1]), pos[:, P + i:P + i + 1],
+                                      jnp.ones((B, 1), bool), cache, P + i)
         step_logits.append(lg[:, -1])
     decoded = np.stack(step_logits, 1)
     ref = np.asarray(full[:, P - 1:P + N - 1])

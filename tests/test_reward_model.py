@@ -18,7 +18,7 @@ import pytest
 from nemocascade import chat, losses
 from nemocascade.data import domains, preference
 from nemocascade.mesh import make_mesh
-from nemocascade.models import ModelConfig, forward, init_params, param_shardings, reward_model
+from nemocascade.models import ModelConfig, forward_hidden, init_params, param_shardings, reward_model
 from nemocascade.models.transformer import left_pad_positions
 from nemocascade.rewards import REWARDS, pref, rm_scorer
 from nemocascade.run_log import RunLog
@@ -80,7 +80,7 @@ def test_rm_scores_read_the_last_real_token_of_left_and_right_padded_rows():
         tokens[b, left:left + len(ids)], valid[b, left:left + len(ids)] = ids, True
     scores = jax.jit(reward_model.rm_scores, static_argnums=1)
     got = scores(params, CFG, jnp.asarray(tokens), left_pad_positions(jnp.asarray(valid)), jnp.asarray(valid))
-    hidden = jax.jit(lambda p, t: forward(p, CFG, t, return_hidden=True)[1])
+    hidden = jax.jit(lambda p, t: forward_hidden(p, CFG, t))
     want = []
     for ids in rows:  # each row alone, unpadded: the head on its final hidden state
         h = hidden(params, jnp.asarray(ids)[None])
