@@ -8,7 +8,7 @@ Handoff between stages: a stage starts from the main line (the last finished sta
 branch) or from the checkpoint its `init_from` names; `optimizer_policy` resets the optimiser (default) or
 keeps the start stage's Adam state; each stage's data iterator and RNG are seeded by its index in the run
 and checkpointed with it, so a run interrupted anywhere resumes in the right stage at the right step.
-Named checkpoints (stage finals, best held-out per domain) and the manifest: nemocascade/teachers.py.
+Named checkpoints (stage finals, best held-out per domain) and the manifest: nemocascade/named_checkpoints.py.
 
 Stage kinds are records in `nemocascade/stages/kinds.py` (defaults, checks, run); this module names none.
 """
@@ -22,7 +22,7 @@ import time
 
 import jax
 
-from nemocascade import chat, checkpoint, evaluation, interrupts, plots, teachers
+from nemocascade import chat, checkpoint, evaluation, interrupts, named_checkpoints, plots
 from nemocascade import workdir as workdir_lib
 from nemocascade.configs import stage_order
 from nemocascade.data import tfds_builder
@@ -257,13 +257,13 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
     ctx = setup(cfg, workdir, config_name, variant)
     try:
         ckpt_dir = os.path.join(workdir, "checkpoints")
-        teachers.check_manifest(ckpt_dir, teachers.manifest(cfg, common.stage_rewards, _teacher_refs))
+        named_checkpoints.check_manifest(ckpt_dir, named_checkpoints.manifest(cfg, common.stage_rewards, _teacher_refs))
         workdir_lib.save_config(workdir, cfg.to_dict())  # every resume check passed: this is the run's config now
         if changes:
             ctx.log.record_config_changes(changes)
             print("resumed with allowed config changes: " + ", ".join(f"{k} {o!r} -> {n!r}" for k, o, n in changes),
                   flush=True)
-        ctx.registry = teachers.Registry(ckpt_dir)
+        ctx.registry = named_checkpoints.NamedCheckpoints(ckpt_dir)
         init = ctx.pretrained if ctx.pretrained is not None else init_sharded(ctx.model_cfg, ctx.mesh,
                                                                               jax.random.key(cfg.seed))
         ctx.pretrained = None  # the run owns `init` now

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
 
@@ -60,7 +60,7 @@ def make_mesh(shape: Mapping[str, int] | None = None, devices: Sequence[jax.Devi
     return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 
-def logical_spec(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int], rules=RULES) -> P:
+def logical_spec(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int], rules=RULES) -> PartitionSpec:
     """PartitionSpec for an array with logical `axes`; replicate dims that don't divide evenly and
     never use one mesh axis twice."""
     used, spec = set(), []
@@ -74,7 +74,7 @@ def logical_spec(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int], r
             continue
         used.update(mesh_axes)
         spec.append(mesh_axes[0] if len(mesh_axes) == 1 else mesh_axes)
-    return P(*spec)
+    return PartitionSpec(*spec)
 
 
 def tree_shardings(mesh: Mesh, axes_tree, shapes_tree, rules=RULES):
@@ -111,4 +111,4 @@ def to_host(tree):
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P())
+    return NamedSharding(mesh, PartitionSpec())

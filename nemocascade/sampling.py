@@ -14,11 +14,11 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from nemocascade.models.transformer import ModelConfig, forward, init_cache, left_pad_positions
+from nemocascade.models.transformer import ModelConfig, forward_cached, init_cache, left_pad_positions
 
 
 class Samples(NamedTuple):
-    prompts: jax.Array      # [B*G, P] int32, left-padded (each prompt repeated G times, adjacent)
+    prompts: jax.Array      # [B*G, prompt_len] int32, left-padded (each prompt repeated G times, adjacent)
     prompt_lens: jax.Array  # [B*G] int32
     tokens: jax.Array       # [B*G, N] int32, pad after EOS
     logprobs: jax.Array     # [B*G, N] float32, log pi(token), 0 where mask is 0
@@ -52,16 +52,16 @@ def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new
            num_samples: int = 1) -> Samples:
     """Sample `num_samples` responses for every left-padded prompt row.
 
-    prompt_tokens [B, P] int32 (left padding), prompt_lens [B]. Rows stop at their first `eos_id`;
+    prompt_tokens [B, prompt_len] int32 (left padding), prompt_lens [B]. Rows stop at their first `eos_id`;
     the loop exits as soon as every row has stopped or after `max_new_tokens` tokens.
     """
     G, N = num_samples, max_new_tokens
     prompts = jnp.repeat(prompt_tokens, G, axis=0)
     lens = jnp.repeat(prompt_lens.astype(jnp.int32), G, axis=0)
-    B, P = prompts.shape
-    valid = jnp.arange(P)[None, :] >= (P - lens)[:, None]
-    cache = init_cache(cfg, B, P + N)
-    logits, cache = forward(params, cfg, prompts, left_pad_positions(valid), valid, cache, 0)
+    B, prompt_len = prompts.shape
+    valid = jnp.arange(prompt_len)[None, :] >= (prompt_len - lens)[:, None]
+    cache = init_cache(cfg, B, prompt_len + N)
+    logits, cache = forward_cached(params, cfg, prompts, left_pad_positions(valid), valid, cache, 0)
 
     def cond(state):
         i, _, _, _, _, done, _ = state
@@ -80,7 +80,8 @@ def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new
         out_lp = out_lp.at[:, i].set(jnp.where(done, 0.0, lp))
         alive = ~done
         done = done | (tok == eos_id)
-        logits, cache = forward(params, cfg, tok[:, None], (lens + i)[:, None], alive[:, None], cache, P + i)
+        logits, cache = forward_cached(params, cfg, tok[:, None], (lens + i)[:, None], alive[:, None], cache,
+                                       prompt_len + i)
         return i + 1, cache, logits[:, -1], out_tok, out_lp, done, rng
 
     state = (jnp.int32(0), cache, logits[:, -1], jnp.full((B, N), pad_id, jnp.int32),
@@ -97,12 +98,12 @@ def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new
 def sequences(samples: Samples):
     """Concatenate prompts and responses for a trainer forward pass.
 
-    Returns tokens [B, P+N], valid [B, P+N], positions [B, P+N], and `response_mask` [B, P+N-1]
+    Returns tokens, valid, positions [B, prompt_len + N] and `response_mask` [B, prompt_len + N - 1]
     aligned with next-token targets (`tokens[:, 1:]`): 1 where the target is a response token.
     """
     tokens = jnp.concatenate([samples.prompts, samples.tokens], axis=1)
-    P = samples.prompts.shape[1]
-    prompt_valid = jnp.arange(P)[None, :] >= (P - samples.prompt_lens)[:, None]
+    prompt_len = samples.prompts.shape[1]
+    prompt_valid = jnp.arange(prompt_len)[None, :] >= (prompt_len - samples.prompt_lens)[:, None]
     valid = jnp.concatenate([prompt_valid, samples.mask > 0], axis=1)
     positions = left_pad_positions(valid)
     response_mask = jnp.concatenate([jnp.zeros_like(samples.prompts[:, 1:], jnp.float32), samples.mask], axis=1)

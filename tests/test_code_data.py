@@ -7,7 +7,7 @@ import pytest
 
 from nemocascade import chat, sandbox
 from nemocascade.data import code as dcode
-from nemocascade.data import humaneval, registry
+from nemocascade.data import domains, humaneval
 from nemocascade.rewards import code as code_reward
 
 
@@ -35,20 +35,20 @@ def test_generate_is_deterministic_and_short():
     assert a == b and len(a) == 60
     assert a != dcode.generate(np.random.default_rng(1), 60, teacher_error_rate=0.3)
     for r in a:
-        assert r["domain"] == "code" and set(r) == set(registry.RECORD_KEYS)
+        assert r["domain"] == "code" and set(r) == set(domains.RECORD_KEYS)
         assert len(r["prompt"].split()) <= 40
         assert len((r["reasoning"] + " " + r["response"]).split()) <= 60
     assert len(dcode.all_tasks()) == 118
 
 
 def test_splits_are_disjoint_by_canonical_task():
-    train = registry.generate_split("code", "train", 300, seed=0)
-    test = registry.generate_split("code", "test", 100, seed=0)
+    train = domains.generate_split("code", "train", 300, seed=0)
+    test = domains.generate_split("code", "test", 100, seed=0)
     key = lambda r: r["id"].rsplit("/", 1)[1]  # noqa: E731
     train_keys, test_keys = {key(r) for r in train}, {key(r) for r in test}
     assert train_keys and test_keys and not train_keys & test_keys
-    assert all(registry.split_of(k) == "train" for k in train_keys)
-    assert all(registry.split_of(k) == "test" for k in test_keys)
+    assert all(domains.split_of(k) == "train" for k in train_keys)
+    assert all(domains.split_of(k) == "test" for k in test_keys)
     with pytest.raises(ValueError, match="no code task"):
         dcode.generate(np.random.default_rng(0), 1, split="test", families={"mod": 1.0})  # no "mod" task is held out
 
@@ -96,7 +96,7 @@ def test_humaneval_loads_164_code_records_whose_canonical_solutions_pass():
     assert len(records) == 164 and len({r["id"] for r in records}) == 164
     assert records[0]["id"] == "humaneval/HumanEval/0" and all(r["domain"] == "code" for r in records)
     for r in records:
-        registry.validate_record(r)
+        domains.validate_record(r)
         answer = json.loads(r["answer"])
         assert answer["tests"].endswith(f"check({answer['entry_point']})\n")
         assert r["prompt"].endswith(answer["prompt"])

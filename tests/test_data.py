@@ -1,4 +1,4 @@
-"""Tests for nemocascade.data: registry, procedural math + imperfect teacher, tfds build, grain pipelines."""
+"""Tests for nemocascade.data: domain registry, procedural math + imperfect teacher, tfds build, grain pipelines."""
 
 import json
 import pickle
@@ -9,7 +9,7 @@ import pytest
 
 from nemocascade import chat
 from nemocascade.data import math as dmath
-from nemocascade.data import pipeline, registry
+from nemocascade.data import domains, pipeline
 
 SPECIALS = ("<|im_start|>", "<|im_end|>", "<think>", "</think>")
 
@@ -45,25 +45,25 @@ def _record(i, prompt="1+2", reasoning="r", response="\\boxed{3}"):
             "answer": "3", "id": f"t/{i}"}
 
 
-# ----------------------------------------------------------------------------- registry
+# ----------------------------------------------------------------------------- domains
 
 
 def test_get_domain_unknown_lists_known():
-    assert registry.get_domain("math").name == "math"
+    assert domains.get_domain("math").name == "math"
     with pytest.raises(KeyError, match=r"unknown domain 'chess'; known domains: \[.*'math'"):
-        registry.get_domain("chess")
+        domains.get_domain("chess")
 
 
 def test_register_domain_refuses_duplicates_and_validates_records():
-    spec = registry.DomainSpec("math", dmath.generate)
+    spec = domains.DomainSpec("math", dmath.generate)
     with pytest.raises(ValueError, match="'math' is already registered"):
-        registry.register_domain(spec)
+        domains.register_domain(spec)
     bad = dict(_record(0), answer=3)
     with pytest.raises(ValueError, match=r"row 7: field 'answer' must be str"):
-        registry.validate_record(bad, 7)
+        domains.validate_record(bad, 7)
     missing = {k: v for k, v in _record(0).items() if k != "reasoning"}
     with pytest.raises(ValueError, match=r"row 0: .*missing \['reasoning'\]"):
-        registry.validate_record(missing)
+        domains.validate_record(missing)
 
 
 def test_split_of_matches_blake2b_reference():
@@ -72,7 +72,7 @@ def test_split_of_matches_blake2b_reference():
     keys = [f"+:{a}:{b}" for a in range(60) for b in range(60)]
     ref = ["test" if int(hashlib.blake2b(k.encode(), digest_size=8).hexdigest(), 16) % 10 == 0
            else "train" for k in keys]
-    got = [registry.split_of(k, 10) for k in keys]
+    got = [domains.split_of(k, 10) for k in keys]
     assert got == ref
     assert 0.08 < got.count("test") / len(keys) < 0.12
 
@@ -192,17 +192,17 @@ def test_family_weights_and_option_errors():
 
 
 def test_train_test_disjoint_by_problem():
-    train = registry.generate_split("math", "train", 4000, seed=0)
-    test = registry.generate_split("math", "test", 600, seed=0)
+    train = domains.generate_split("math", "train", 4000, seed=0)
+    test = domains.generate_split("math", "test", 600, seed=0)
     key = lambda r: r["id"].rsplit("/", 1)[1]  # noqa: E731
     assert not {key(r) for r in train} & {key(r) for r in test}
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
-    assert all(registry.split_of(key(r)) == "test" for r in test)
+    assert all(domains.split_of(key(r)) == "test" for r in test)
     assert all(r["id"].startswith("math/test/") for r in test)
 
 
 def test_rendered_examples_fit_a_small_context():
-    records = registry.generate_split("math", "train", 2000, seed=0)
+    records = domains.generate_split("math", "train", 2000, seed=0)
     lengths = [len(TOK.encode(chat.render_prompt(r["prompt"])
                               + chat.render_completion(r["reasoning"], r["response"])))
                for r in records]
@@ -315,7 +315,7 @@ def test_tfds_round_trip_equals_generator(built):
         src = sources[split]
         assert len(src) == n
         got = [src[i] for i in range(n)]
-        assert got == registry.generate_split("math", split, n, seed=3, **OPTS)
+        assert got == domains.generate_split("math", split, n, seed=3, **OPTS)
         assert all(type(v) is str for r in got for v in r.values())
         assert src.__getitems__([2, 0]) == [got[2], got[0]]
         reopened = pickle.loads(pickle.dumps(src))  # what a grain worker process receives

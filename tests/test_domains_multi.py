@@ -13,7 +13,7 @@ import pytest
 
 from nemocascade.data import longctx as dlong
 from nemocascade.data import mcq as dmcq
-from nemocascade.data import registry
+from nemocascade.data import domains
 from nemocascade.data import structured as djson
 from nemocascade.data import tool as dtool
 from nemocascade.rewards import REWARDS
@@ -190,7 +190,7 @@ def test_rewards_are_registered_and_picklable():
     for domain in ("mcq", "json", "tool", "longctx", "swe", "swe_exec"):
         fn = REWARDS[domain]
         assert pickle.loads(pickle.dumps(fn)) is fn  # VerifierPool workers receive them pickled
-    assert registry.get_domain("json").name == "json"
+    assert domains.get_domain("json").name == "json"
 
 
 def test_longctx_reward_is_the_boxed_number():
@@ -211,12 +211,12 @@ GENERATORS = {"mcq": {}, "json": {}, "tool": {}, "longctx": {"num_facts": 12}}
 
 @pytest.mark.parametrize("domain", sorted(GENERATORS))
 def test_generate_deterministic_and_valid(domain):
-    gen = registry.get_domain(domain).generate
+    gen = domains.get_domain(domain).generate
     a = gen(np.random.default_rng(5), 200, teacher_error_rate=0.5, **GENERATORS[domain])
     assert a == gen(np.random.default_rng(5), 200, teacher_error_rate=0.5, **GENERATORS[domain])
     assert a != gen(np.random.default_rng(6), 200, teacher_error_rate=0.5, **GENERATORS[domain])
     for i, r in enumerate(a):
-        registry.validate_record(r, i)
+        domains.validate_record(r, i)
         assert r["domain"] == domain
     assert len({r["id"] for r in a}) == 200
     with pytest.raises(ValueError, match="teacher_error_rate must be in"):
@@ -225,17 +225,17 @@ def test_generate_deterministic_and_valid(domain):
 
 @pytest.mark.parametrize("domain", sorted(GENERATORS))
 def test_train_test_disjoint_by_problem_key(domain):
-    train = registry.generate_split(domain, "train", 1500, seed=0, **GENERATORS[domain])
-    test = registry.generate_split(domain, "test", 200, seed=0, **GENERATORS[domain])
-    assert all(registry.split_of(_key(r)) == "train" for r in train)
-    assert all(registry.split_of(_key(r)) == "test" for r in test)
+    train = domains.generate_split(domain, "train", 1500, seed=0, **GENERATORS[domain])
+    test = domains.generate_split(domain, "test", 200, seed=0, **GENERATORS[domain])
+    assert all(domains.split_of(_key(r)) == "train" for r in train)
+    assert all(domains.split_of(_key(r)) == "test" for r in test)
     assert not {_key(r) for r in train} & {_key(r) for r in test}
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
 
 
 def _teacher_pair(domain, n, **opts):
     """Same seed at rate 0 and 1: the same problems (the teacher coin is always drawn)."""
-    gen = registry.get_domain(domain).generate
+    gen = domains.get_domain(domain).generate
     good = gen(np.random.default_rng(11), n, teacher_error_rate=0.0, split=None, **opts)
     bad = gen(np.random.default_rng(11), n, teacher_error_rate=1.0, split=None, **opts)
     assert [r["prompt"] for r in good] == [r["prompt"] for r in bad]

@@ -97,10 +97,10 @@ def test_kv_cache_greedy_matches_generate(saved, family):
     model, path = saved[family]
     cfg, params = hf.load(path)
     rng = np.random.default_rng(2)
-    P, N = 6, 5
+    prompt_len, N = 6, 5
     lens = np.array([6, 3], np.int32)
-    prompts = rng.integers(1, V, (2, P)).astype(np.int32)
-    mask = np.arange(P)[None] >= (P - lens)[:, None]
+    prompts = rng.integers(1, V, (2, prompt_len)).astype(np.int32)
+    mask = np.arange(prompt_len)[None] >= (prompt_len - lens)[:, None]
     prompts[~mask] = 0
     out = sampling.sample(params, cfg, jnp.asarray(prompts), jnp.asarray(lens), jax.random.key(0),
                           max_new_tokens=N, eos_id=-1, greedy=True)
@@ -109,7 +109,7 @@ def test_kv_cache_greedy_matches_generate(saved, family):
                              attention_mask=torch.as_tensor(mask, dtype=torch.long), max_new_tokens=N,
                              min_new_tokens=N, do_sample=False, pad_token_id=0, eos_token_id=None,
                              output_logits=True, return_dict_in_generate=True)
-    ref_tokens = gen.sequences[:, P:].numpy()
+    ref_tokens = gen.sequences[:, prompt_len:].numpy()
     np.testing.assert_array_equal(np.asarray(out.tokens), ref_tokens)
     ref_lp = torch.log_softmax(torch.stack(gen.logits, 1), -1).numpy()
     ref_lp = np.take_along_axis(ref_lp, ref_tokens[..., None], -1)[..., 0]

@@ -28,29 +28,31 @@ def _params(cfg, seed=0):
 def test_kv_cache_decode_matches_full_forward(name):
     cfg = CFGS[name]
     params = _params(cfg)
-    B, P, N = 3, 5, 6
+    B, prompt_len, N = 3, 5, 6
     rng = np.random.default_rng(0)
     lens = np.array([5, 3, 1])
-    tokens = rng.integers(1, cfg.vocab_size, (B, P + N)).astype(np.int32)
-    # left-pad each prompt: row b has P - lens[b] pads then its tokens
-    valid = np.arange(P)[None] >= (P - lens)[:, None]
-    tokens[:, :P][~valid] = 0
+    tokens = rng.integers(1, cfg.vocab_size, (B, prompt_len + N)).astype(np.int32)
+    # left-pad each prompt: row b has prompt_len - lens[b] pads then its tokens
+    valid = np.arange(prompt_len)[None] >= (prompt_len - lens)[:, None]
+    tokens[:, :prompt_len][~valid] = 0
     full_valid = np.concatenate([valid, np.ones((B, N), bool)], 1)
     pos = tf.left_pad_positions(jnp.asarray(full_valid))
     full = tf.forward(params, cfg, jnp.asarray(tokens), pos, jnp.asarray(full_valid))
 
-    cache = tf.init_cache(cfg, B, P + N)
-    logits, cache = tf.forward(params, cfg, jnp.asarray(tokens[:, :P]), pos[:, :P], jnp.asarray(valid), cache, 0)
+    cache = tf.init_cache(cfg, B, prompt_len + N)
+    logits, cache = tf.forward_cached(params, cfg, jnp.asarray(tokens[:, :prompt_len]), pos[:, :prompt_len],
+                                      jnp.asarray(valid), cache, 0)
     step_logits = [logits[:, -1]]
     for i in range(N - 1):
-        lg, cache = tf.forward(params, cfg, jnp.asarray(tokens[:, P + i:P + i + 1]), pos[:, P + i:P + i + 1],
-                               jnp.ones((B, 1), bool), cache, P + i)
+        t = prompt_len + i
+        lg, cache = tf.forward_cached(params, cfg, jnp.asarray(tokens[:, t:t + 1]), pos[:, t:t + 1],
+                                      jnp.ones((B, 1), bool), cache, t)
         step_logits.append(lg[:, -1])
     decoded = np.stack(step_logits, 1)
-    ref = np.asarray(full[:, P - 1:P + N - 1])
+    ref = np.asarray(full[:, prompt_len - 1:prompt_len + N - 1])
     assert np.max(np.abs(decoded - ref)) <= 1e-5
     # prefill logits on valid prompt tokens equal the full pass too
-    np.testing.assert_allclose(np.asarray(logits)[valid], np.asarray(full[:, :P])[valid], atol=1e-5)
+    np.testing.assert_allclose(np.asarray(logits)[valid], np.asarray(full[:, :prompt_len])[valid], atol=1e-5)
 
 
 def test_left_padding_does_not_change_logits():

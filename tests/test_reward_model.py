@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 
 from nemocascade import chat, losses
-from nemocascade.data import preference, registry
+from nemocascade.data import domains, preference
 from nemocascade.mesh import make_mesh
-from nemocascade.models import ModelConfig, forward, init_params, param_shardings, reward_model
+from nemocascade.models import ModelConfig, forward_hidden, init_params, param_shardings, reward_model
 from nemocascade.models.transformer import left_pad_positions
-from nemocascade.rewards import REWARDS, pref
-from nemocascade.rewards import rm as rm_rewards
+from nemocascade.rewards import REWARDS, pref, rm_scorer
 from nemocascade.run_log import RunLog
 from nemocascade.stages import common, rm
 from nemocascade.tokenizer import load_or_train
@@ -81,7 +80,7 @@ def test_rm_scores_read_the_last_real_token_of_left_and_right_padded_rows():
         tokens[b, left:left + len(ids)], valid[b, left:left + len(ids)] = ids, True
     scores = jax.jit(reward_model.rm_scores, static_argnums=1)
     got = scores(params, CFG, jnp.asarray(tokens), left_pad_positions(jnp.asarray(valid)), jnp.asarray(valid))
-    hidden = jax.jit(lambda p, t: forward(p, CFG, t, return_hidden=True)[1])
+    hidden = jax.jit(lambda p, t: forward_hidden(p, CFG, t))
     want = []
     for ids in rows:  # each row alone, unpadded: the head on its final hidden state
         h = hidden(params, jnp.asarray(ids)[None])
@@ -112,45 +111,45 @@ PREF3 = np.array([[0.5, 0.55, 0.55], [0.45, 0.5, 0.65], [0.45, 0.35, 0.5]])
 
 
 def test_pairwise_rewards_mean_and_tie_break_by_copeland():
-    np.testing.assert_allclose(rm_rewards.pairwise_rewards(PREF3), [0.551, 0.5505, 0.40], atol=1e-12)
+    np.testing.assert_allclose(rm_scorer.pairwise_rewards(PREF3), [0.551, 0.5505, 0.40], atol=1e-12)
     # the diagonal is ignored
-    np.testing.assert_allclose(rm_rewards.pairwise_rewards(PREF3 + np.eye(3)), [0.551, 0.5505, 0.40], atol=1e-12)
+    np.testing.assert_allclose(rm_scorer.pairwise_rewards(PREF3 + np.eye(3)), [0.551, 0.5505, 0.40], atol=1e-12)
     # a cycle (each beats the next 0.9 to 0.1): equal means and equal Copeland scores stay tied
     cyc = np.array([[0.5, 0.9, 0.1], [0.1, 0.5, 0.9], [0.9, 0.1, 0.5]])
-    r = rm_rewards.pairwise_rewards(cyc)
+    r = rm_scorer.pairwise_rewards(cyc)
     assert np.ptp(r) == 0 and r[0] == pytest.approx(0.5005)
     # a tiny gap shrinks eps so the tie-break never reorders different means
     close = np.array([[0.5, 0.5001], [0.4999, 0.5]])  # base [0.5001, 0.4999], gap 2e-4 -> eps 1e-4
-    np.testing.assert_allclose(rm_rewards.pairwise_rewards(close), [0.5001 + 1e-4, 0.4999], atol=1e-12)
-    assert rm_rewards.pairwise_rewards(np.full((1, 1), 0.5)).tolist() == [0.5]
+    np.testing.assert_allclose(rm_scorer.pairwise_rewards(close), [0.5001 + 1e-4, 0.4999], atol=1e-12)
+    assert rm_scorer.pairwise_rewards(np.full((1, 1), 0.5)).tolist() == [0.5]
 
 
 def test_pairwise_rewards_quality_gated_conciseness_bonus():
     # gated (base >= 0.5): rollouts 0 and 1, lengths 30 and 20 -> bonus 0.1 * (30 - L) / 10 = [0, 0.1];
     # rollout 2 is the shortest but below the gate: no bonus
-    r = rm_rewards.pairwise_rewards(PREF3, lengths=[30, 20, 10], conciseness_bonus=0.1, quality_gate=0.5)
+    r = rm_scorer.pairwise_rewards(PREF3, lengths=[30, 20, 10], conciseness_bonus=0.1, quality_gate=0.5)
     np.testing.assert_allclose(r, [0.551, 0.6505, 0.40], atol=1e-12)
-    r = rm_rewards.pairwise_rewards(PREF3, lengths=[30, 20, 10], conciseness_bonus=0.1, quality_gate=0.3)
+    r = rm_scorer.pairwise_rewards(PREF3, lengths=[30, 20, 10], conciseness_bonus=0.1, quality_gate=0.3)
     np.testing.assert_allclose(r, [0.551, 0.6005, 0.50], atol=1e-12)  # all gated: (30 - L) / 20
-    np.testing.assert_allclose(rm_rewards.pairwise_rewards(PREF3, lengths=[7, 7, 7], conciseness_bonus=0.1),
+    np.testing.assert_allclose(rm_scorer.pairwise_rewards(PREF3, lengths=[7, 7, 7], conciseness_bonus=0.1),
                                [0.551, 0.5505, 0.40], atol=1e-12)
 
 
 def test_bt_preferences():
-    p = rm_rewards.bt_preferences([0.0, math.log(3.0)])
+    p = rm_scorer.bt_preferences([0.0, math.log(3.0)])
     np.testing.assert_allclose(p, [[0.5, 0.25], [0.75, 0.5]], atol=1e-12)
-    np.testing.assert_allclose(rm_rewards.pairwise_rewards(p), [0.25, 0.751], atol=1e-12)
-    assert np.isfinite(rm_rewards.bt_preferences([1e4, -1e4])).all()
+    np.testing.assert_allclose(rm_scorer.pairwise_rewards(p), [0.25, 0.751], atol=1e-12)
+    assert np.isfinite(rm_scorer.bt_preferences([1e4, -1e4])).all()
     s = np.random.default_rng(0).normal(size=8)
-    p = rm_rewards.bt_preferences(s)
+    p = rm_scorer.bt_preferences(s)
     np.testing.assert_allclose(p + p.T, 1.0, atol=1e-12)
-    assert np.argsort(rm_rewards.pairwise_rewards(p)).tolist() == np.argsort(s).tolist()
+    assert np.argsort(rm_scorer.pairwise_rewards(p)).tolist() == np.argsort(s).tolist()
 
 
 def test_final_text_and_rm_text():
-    assert rm_rewards.final_text("<think>\nplan\n</think>\nDogs bark.<|im_end|>") == "Dogs bark."
-    assert rm_rewards.final_text("<think>\nstill thinking") == "still thinking"  # unfinished: the whole text
-    assert rm_rewards.rm_text("Hi?", "Dogs bark.") == (
+    assert rm_scorer.final_text("<think>\nplan\n</think>\nDogs bark.<|im_end|>") == "Dogs bark."
+    assert rm_scorer.final_text("<think>\nstill thinking") == "still thinking"  # unfinished: the whole text
+    assert rm_scorer.rm_text("Hi?", "Dogs bark.") == (
         "<|im_start|>user\nHi?<|im_end|>\n<|im_start|>assistant\n<think></think>\nDogs bark.<|im_end|>")
 
 
@@ -191,12 +190,12 @@ def test_proxy_judge_never_raises():
 
 
 def test_pref_generate_is_deterministic_valid_and_short():
-    gen = registry.get_domain("pref").generate
+    gen = domains.get_domain("pref").generate
     a = gen(np.random.default_rng(5), 300)
     assert a == gen(np.random.default_rng(5), 300) and a != gen(np.random.default_rng(6), 300)
     vocab = set()
     for i, r in enumerate(a):
-        registry.validate_record(r, i)
+        domains.validate_record(r, i)
         pair = json.loads(r["answer"])
         assert r["response"] == pair["chosen"] and pref.score(_turn(pair["chosen"]), r["answer"]) == 1.0
         assert pref.score(_turn(pair["rejected"]), r["answer"]) <= 2 / 3
@@ -221,10 +220,10 @@ def test_pref_topics_are_separable_by_keyword():
 
 def test_pref_split_is_by_request_and_no_heldout_answer_leaks_into_training():
     key = lambda r: r["id"].split("/", 3)[3]  # noqa: E731
-    train = registry.generate_split("pref", "train", 1500, seed=0)
-    test = registry.generate_split("pref", "test", 200, seed=0)
-    assert all(registry.split_of(key(r)) == "train" for r in train)
-    assert all(registry.split_of(key(r)) == "test" for r in test)
+    train = domains.generate_split("pref", "train", 1500, seed=0)
+    test = domains.generate_split("pref", "test", 200, seed=0)
+    assert all(domains.split_of(key(r)) == "train" for r in train)
+    assert all(domains.split_of(key(r)) == "test" for r in test)
     assert not {key(r) for r in train} & {key(r) for r in test}
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
     train_texts = {t for r in train for t in (json.loads(r["answer"])["chosen"], json.loads(r["answer"])["rejected"])}
@@ -232,7 +231,7 @@ def test_pref_split_is_by_request_and_no_heldout_answer_leaks_into_training():
 
 
 def test_pref_imperfect_teacher_pads_its_response_only():
-    gen = registry.get_domain("pref").generate
+    gen = domains.get_domain("pref").generate
     good = gen(np.random.default_rng(3), 100, split=None, teacher_error_rate=0.0)
     bad = gen(np.random.default_rng(3), 100, split=None, teacher_error_rate=1.0)
     assert [r["answer"] for r in good] == [r["answer"] for r in bad]
@@ -246,8 +245,8 @@ def test_pref_imperfect_teacher_pads_its_response_only():
 
 
 def _ctx(tmp_path, num_train=2000):
-    train = registry.generate_split("pref", "train", num_train, 0)
-    test = registry.generate_split("pref", "test", 256, 0)
+    train = domains.generate_split("pref", "train", num_train, 0)
+    test = domains.generate_split("pref", "test", 256, 0)
     tok = load_or_train(str(tmp_path / "t.model"), lambda: (
         chat.render_prompt(r["prompt"]) + chat.render_completion(r["reasoning"], r["response"]) for r in train), 512)
     mcfg = ModelConfig(vocab_size=tok.vocab_size, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
@@ -280,8 +279,8 @@ def test_rm_stage_learns_heldout_preferences(tmp_path):
         assert rows[-1][f"eval/pref/pairwise_acc/{kind}"] >= 0.9, rows[-1]
 
     # the saved RM scores the held-out pairs exactly as the stage did; the stage resumes without retraining
-    scorer = rm_rewards.RewardModelScorer.load(rm.rm_path(str(tmp_path), "rm"), ctx.model_cfg, ctx.tokenizer,
-                                               batch_size=16, max_len=80)
+    scorer = rm_scorer.RewardModelScorer.load(rm.rm_path(str(tmp_path), "rm"), ctx.model_cfg, ctx.tokenizer,
+                                              batch_size=16, max_len=80)
     test = ctx.sources["pref"]["test"]
     pairs = [json.loads(r["answer"]) for r in test]
     completions = lambda side: [f"<think>\nplan\n</think>\n{p[side]}<|im_end|>" for p in pairs]  # noqa: E731
@@ -298,7 +297,7 @@ def test_rm_stage_rejects_keep_and_non_preference_domains(tmp_path):
     policy = init_params(ctx.model_cfg, jax.random.key(0))
     with pytest.raises(ValueError, match="optimizer_policy"):
         rm.train_rm(ctx, "rm", common.stage_config("rm", rm.DEFAULTS, optimizer_policy="keep"), policy)
-    ctx.sources["math"] = {"train": registry.generate_split("math", "train", 4, 0), "test": []}
+    ctx.sources["math"] = {"train": domains.generate_split("math", "train", 4, 0), "test": []}
     with pytest.raises(ValueError, match="no preference pairs"):
         rm.train_rm(ctx, "rm", common.stage_config("rm", rm.DEFAULTS, domains=["math"]), policy)
 

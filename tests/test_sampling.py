@@ -31,10 +31,10 @@ def _reference_greedy(params, prompt, n):
 def test_greedy_equals_argmax_loop_over_full_forward():
     params = _params()
     prompts = [[3, 4, 5, 6], [7, 8]]
-    P, N = 4, 7
-    toks = np.zeros((2, P), np.int32)
+    prompt_len, N = 4, 7
+    toks = np.zeros((2, prompt_len), np.int32)
     for b, p in enumerate(prompts):
-        toks[b, P - len(p):] = p
+        toks[b, prompt_len - len(p):] = p
     out = sampling.sample(params, CFG, jnp.asarray(toks), jnp.asarray([4, 2]), jax.random.key(0),
                           max_new_tokens=N, eos_id=-1, greedy=True)
     for b, p in enumerate(prompts):

@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-from nemocascade.data import registry
+from nemocascade.data import domains
 from nemocascade.data import swe as dswe
 from nemocascade.rewards import REWARDS
 from nemocascade.rewards import swe as rswe
@@ -152,12 +152,12 @@ def test_generator_deterministic_and_split_by_buggy_code():
     a = dswe.generate(np.random.default_rng(7), 60, teacher_error_rate=0.5)
     assert a == dswe.generate(np.random.default_rng(7), 60, teacher_error_rate=0.5)
     for i, r in enumerate(a):
-        registry.validate_record(r, i)
-    train = registry.generate_split("swe", "train", 400, seed=0)
-    test = registry.generate_split("swe", "test", 60, seed=0)
+        domains.validate_record(r, i)
+    train = domains.generate_split("swe", "train", 400, seed=0)
+    test = domains.generate_split("swe", "test", 60, seed=0)
     key = lambda r: json.loads(r["answer"])["buggy"]  # noqa: E731
-    assert all(registry.split_of(key(r)) == "train" for r in train)
-    assert all(registry.split_of(key(r)) == "test" for r in test)
+    assert all(domains.split_of(key(r)) == "train" for r in train)
+    assert all(domains.split_of(key(r)) == "test" for r in test)
     assert not {key(r) for r in train} & {key(r) for r in test}
     with pytest.raises(ValueError, match="bugs must be a non-empty subset"):
         dswe.generate(np.random.default_rng(0), 1, bugs=("typo",))

@@ -29,7 +29,7 @@ from typing import Callable
 
 import numpy as np
 
-from nemocascade.data.registry import DomainSpec, check_args, family_weights, register_domain, split_of
+from nemocascade.data.domains import DomainSpec, check_args, family_weights, register_domain, split_of
 
 DOMAIN = "code"
 ENTRY_POINT = "f"
@@ -149,7 +149,7 @@ def response_text(task: Task, slip: bool = False) -> str:
 
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", teacher_error_rate: float = 0.0,
              families: dict[str, float] | None = None, test_every: int = 10) -> list[dict]:
-    """``n`` code records (registry contract), deterministic given ``rng`` and the options.
+    """``n`` code records (domains.py record contract), deterministic given ``rng`` and the options.
 
     Args:
         split: keep only tasks with ``split_of(task.key, test_every) == split`` (``None``: all). Tasks

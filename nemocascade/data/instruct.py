@@ -37,7 +37,7 @@ import re
 
 import numpy as np
 
-from nemocascade.data.registry import DomainSpec, check_args, register_domain, split_of
+from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
 from nemocascade.rewards.instruct import check_all, count_words, split_sentences
 
 DOMAIN = "if"
@@ -401,7 +401,7 @@ def plan_text(topic: str, constraints: list[dict]) -> str:
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", teacher_error_rate: float = 0.0,
              families: list[str] | tuple[str, ...] | None = None, max_constraints: int = 2,
              test_every: int = 10) -> list[dict]:
-    """``n`` instruction-following records (registry contract), deterministic given ``rng`` and the options.
+    """``n`` instruction-following records (domains.py record contract), deterministic given ``rng`` and the options.
 
     Args:
         split: keep only problems with ``split_of(problem.key, test_every) == split`` (``None``: all).

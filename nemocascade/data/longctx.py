@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 
 from nemocascade.data.math import response_text
-from nemocascade.data.registry import DomainSpec, check_args, register_domain, split_of
+from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
 
 DOMAIN = "longctx"
 MAX_FACTS = 1600  # codes are distinct 3-digit numbers: at most 900 boxes, each with one code line
@@ -72,7 +72,7 @@ def _context(rng, num_facts: int) -> tuple[list[tuple[str, int, int]], dict[int,
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
              teacher_error_rate: float = 0.0, num_facts: int = 16, hops: int = 1,
              test_every: int = 10) -> list[dict]:
-    """``n`` long-context records (registry contract), deterministic given ``rng`` and the options.
+    """``n`` long-context records (domains.py record contract), deterministic given ``rng`` and the options.
 
     Args:
         split: keep only problems with ``split_of(key, test_every) == split`` (``None``: all).

@@ -33,7 +33,7 @@ from typing import Callable
 
 import numpy as np
 
-from nemocascade.data.registry import DomainSpec, check_args, family_weights, register_domain, split_of
+from nemocascade.data.domains import DomainSpec, check_args, family_weights, register_domain, split_of
 
 DOMAIN = "math"
 OPS = ("+", "-", "*")
@@ -229,7 +229,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
              teacher_error_rate: float = 0.0, max_digits: int = 3, mul_digits: int = 2,
              word_digits: int = 2, allow_negative: bool = False,
              families: dict[str, float] | None = None, test_every: int = 10) -> list[dict]:
-    """``n`` math records (registry contract), deterministic given ``rng`` and the options.
+    """``n`` math records (domains.py record contract), deterministic given ``rng`` and the options.
 
     Args:
         split: keep only problems with ``split_of(problem.key, test_every) == split``

@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 
 from nemocascade.data import math as dmath
-from nemocascade.data.registry import DomainSpec, check_args, family_weights, register_domain, split_of
+from nemocascade.data.domains import DomainSpec, check_args, family_weights, register_domain, split_of
 
 DOMAIN = "mcq"
 LETTERS = "ABCD"
@@ -169,7 +169,7 @@ def response_text(letter: str) -> str:
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
              teacher_error_rate: float = 0.0, families: dict[str, float] | None = None,
              test_every: int = 10) -> list[dict]:
-    """``n`` MCQ records (registry contract), deterministic given ``rng`` and the options.
+    """``n`` MCQ records (domains.py record contract), deterministic given ``rng`` and the options.
 
     Args:
         split: keep only questions with ``split_of(question.key, test_every) == split``

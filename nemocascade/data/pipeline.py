@@ -6,8 +6,8 @@ into an ``IterDataset``: seeded, infinite (reshuffled every epoch), and resumabl
 the same dataset given ``set_state(state)`` yields exactly the batches the original would have
 yielded next. Store it next to the model checkpoint.
 
-``source`` is anything with ``__len__`` and ``__getitem__`` returning records (registry
-contract): a list of dicts or ``tfds_builder.prepare(...)[split]``.
+``source`` is anything with ``__len__`` and ``__getitem__`` returning records (domains.py
+record contract): a list of dicts or ``tfds_builder.prepare(...)[split]``.
 
 Single process by default (grain's prefetch threads only). To move tokenization into worker
 processes, call ``.mp_prefetch(grain.MultiprocessingOptions(num_workers=N))`` on the returned

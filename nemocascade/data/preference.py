@@ -37,7 +37,7 @@ import json
 
 import numpy as np
 
-from nemocascade.data.registry import DomainSpec, check_args, register_domain, split_of
+from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
 from nemocascade.rewards import pref as judge
 
 DOMAIN = "pref"
@@ -201,7 +201,7 @@ def rejected_answer(kind: str, topic: str, aspect: str, chosen: list[str], max_w
 
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", teacher_error_rate: float = 0.0,
              kinds: dict[str, float] | None = None, test_every: int = 10) -> list[dict]:
-    """``n`` preference records (registry contract and module docstring), deterministic given ``rng``.
+    """``n`` preference records (domains.py record contract and module docstring), deterministic given ``rng``.
 
     Args:
         split: keep only requests with ``split_of(key, test_every) == split`` (``None``: all).

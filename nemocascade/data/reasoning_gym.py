@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nemocascade.data.registry import DomainSpec, check_args, register_domain, split_of
+from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
 
 DOMAIN = "rg_math"
 DEFAULT_DATASETS = ("gsm_symbolic", "basic_arithmetic", "chain_sum")
@@ -40,7 +40,7 @@ def _solution(item: dict) -> str:
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
              datasets: list[str] | tuple[str, ...] | dict[str, float] | None = None,
              configs: dict[str, dict] | None = None, test_every: int = 10, instruction: str = "") -> list[dict]:
-    """``n`` records drawn from reasoning-gym datasets (registry contract), deterministic given ``rng``.
+    """``n`` records drawn from reasoning-gym datasets (domains.py record contract), deterministic given ``rng``.
 
     Args:
         datasets: names (equal weights) or name -> weight (default :data:`DEFAULT_DATASETS`); each must

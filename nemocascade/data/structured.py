@@ -28,7 +28,7 @@ import json
 import numpy as np
 
 from nemocascade.data.math import NAMES
-from nemocascade.data.registry import DomainSpec, check_args, register_domain, split_of
+from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
 
 DOMAIN = "json"
 # key -> (kind, the values a fact may take); kind is a JSON Schema type, "enum" or "list".
@@ -80,7 +80,7 @@ def _fact(key: str, value) -> str:
 
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
              teacher_error_rate: float = 0.0, test_every: int = 10) -> list[dict]:
-    """``n`` structured-output records (registry contract), deterministic given ``rng``.
+    """``n`` structured-output records (domains.py record contract), deterministic given ``rng``.
 
     Args:
         split: keep only problems with ``split_of(key, test_every) == split`` (``None``: all).

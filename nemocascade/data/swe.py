@@ -35,7 +35,7 @@ import json
 
 import numpy as np
 
-from nemocascade.data.registry import DomainSpec, check_args, register_domain, split_of
+from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
 
 DOMAIN = "swe"
 LIST_NAMES = ("xs", "nums", "vals", "data")
@@ -133,7 +133,7 @@ def code_block(code: str) -> str:
 
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
              teacher_error_rate: float = 0.0, bugs: tuple[str, ...] = BUGS, test_every: int = 10) -> list[dict]:
-    """``n`` SWE repair records (registry contract), deterministic given ``rng`` and the options.
+    """``n`` SWE repair records (domains.py record contract), deterministic given ``rng`` and the options.
 
     Args:
         split: keep only problems with ``split_of(buggy_code, test_every) == split`` (``None``: all).

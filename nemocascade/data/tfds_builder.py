@@ -2,7 +2,7 @@
 
 ``prepare(domain, data_dir, num_train, num_test, seed, **opts)`` builds (or reuses) the dataset
 ``domain_records/<config>/1.0.0`` under ``data_dir`` and returns random-access sources of decoded
-``str`` records for ``train`` and ``test`` (the registry's record contract). No TensorFlow is
+``str`` records for ``train`` and ``test`` (the record contract of domains.py). No TensorFlow is
 needed: the files are written by TFDS's array_record writer and read back through
 ``builder.as_data_source()``.
 
@@ -23,7 +23,7 @@ import os
 import tensorflow_datasets as tfds
 from absl import logging as absl_logging
 
-from nemocascade.data.registry import RECORD_KEYS, SPLITS, generate_split, get_domain
+from nemocascade.data.domains import RECORD_KEYS, SPLITS, generate_split, get_domain
 
 DATASET_VERSION = "1.0.0"
 
@@ -72,7 +72,7 @@ class DomainRecords(tfds.core.GeneratorBasedBuilder):
     def _info(self) -> tfds.core.DatasetInfo:
         return tfds.core.DatasetInfo(
             builder=self,
-            description="nemocascade procedural examples (record contract: data/registry.py)",
+            description="nemocascade procedural examples (record contract: data/domains.py)",
             features=tfds.features.FeaturesDict({k: tfds.features.Text() for k in RECORD_KEYS}),
             # Keep generation order on disk: record i of a split is generate_split(...)[i].
             disable_shuffling=True,

@@ -25,7 +25,7 @@ import json
 import numpy as np
 
 from nemocascade.data.math import ITEMS, NAMES
-from nemocascade.data.registry import DomainSpec, check_args, register_domain, split_of
+from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
 
 DOMAIN = "tool"
 # name -> ((param, type, values), ...), request template (booleans are spelled by the template).
@@ -61,7 +61,7 @@ def call_text(name: str, arguments: dict) -> str:
 
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
              teacher_error_rate: float = 0.0, test_every: int = 10) -> list[dict]:
-    """``n`` tool-calling records (registry contract), deterministic given ``rng``.
+    """``n`` tool-calling records (domains.py record contract), deterministic given ``rng``.
 
     Args:
         split: keep only requests with ``split_of(key, test_every) == split`` (``None``: all).

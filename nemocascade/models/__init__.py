@@ -2,8 +2,8 @@
 import jax
 
 from nemocascade import mesh as mesh_lib
-from nemocascade.models.transformer import (KVCache, ModelConfig, count_params, forward, init_cache,
-                                            init_params, param_axes, param_shapes)
+from nemocascade.models.transformer import (KVCache, ModelConfig, count_params, forward, forward_cached,
+                                            forward_hidden, init_cache, init_params, param_axes, param_shapes)
 
 
 def param_shardings(cfg: ModelConfig, mesh):
@@ -16,5 +16,5 @@ def init_sharded(cfg: ModelConfig, mesh, rng):
     return jax.jit(init_params, static_argnums=0, out_shardings=param_shardings(cfg, mesh))(cfg, rng)
 
 
-__all__ = ["KVCache", "ModelConfig", "count_params", "forward", "init_cache", "init_params",
-           "init_sharded", "param_axes", "param_shapes", "param_shardings"]
+__all__ = ["KVCache", "ModelConfig", "count_params", "forward", "forward_cached", "forward_hidden", "init_cache",
+           "init_params", "init_sharded", "param_axes", "param_shapes", "param_shardings"]

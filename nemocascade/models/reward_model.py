@@ -3,8 +3,8 @@
     rm_params = {**transformer params, "rm_head": {"w": [d_model], "b": []}}     (one pytree)
     r(x) = w . h_T + b,   h_T = final-norm hidden state at the last valid token of x
 
-The transformer part has exactly the policy's structure, so `transformer.forward` applies it unchanged
-(the LM head is kept and simply unused: XLA drops the dead logits) and Cascade 1's recipe of starting the
+The transformer part has exactly the policy's structure, so `transformer.forward_hidden` applies it unchanged
+(the LM head is kept, unused: `forward_hidden` stops before it) and Cascade 1's recipe of starting the
 RM from the SFT policy is `init_rm(policy_params, ...)`. The head starts at zero: the initial RM scores
 every text 0, so its first Bradley-Terry loss is exactly log 2 and no random preference is baked in.
 
@@ -68,7 +68,7 @@ def rm_scores(rm_params: transformer.Params, cfg: transformer.ModelConfig, token
     the last real token is never attended to by it (causal mask), so right padding does not change a score.
     A row with no valid token gets the score of position 0 (meaningless; mask it out).
     """
-    _, h = transformer.forward(rm_params, cfg, tokens, positions, valid, return_hidden=True)
+    h = transformer.forward_hidden(rm_params, cfg, tokens, positions, valid)
     last = last_valid_index(valid)
     h_last = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0].astype(jnp.float32)  # [B, D]
     head = rm_params[HEAD]

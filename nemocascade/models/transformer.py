@@ -1,8 +1,15 @@
 """A decoder-only transformer of the Llama / Qwen2 / Qwen3 family as pure functions over a params pytree.
 
-One function, `forward`, serves every role (policy, frozen reference, teachers): a role is just another
-params pytree. Parameters of all layers are stacked on a leading `layers` axis and applied with
-`lax.scan`, which keeps compile time flat in depth.
+Three fixed-shape entry points share one body (`_decoder`):
+
+    forward(params, cfg, tokens, positions=None, valid=None, segment_ids=None)          -> logits
+    forward_cached(params, cfg, tokens, positions, valid, cache, start)                 -> (logits, cache)
+    forward_hidden(params, cfg, tokens, positions=None, valid=None, segment_ids=None)   -> hidden
+
+`forward` serves every role (policy, frozen reference, teachers): a role is just another params pytree.
+`forward_cached` is prefill and decode over a KV cache (sampling); `forward_hidden` stops before the LM head
+(the reward model's scalar head). Parameters of all layers are stacked on a leading `layers` axis and applied
+with `lax.scan`, which keeps compile time flat in depth.
 
 Pieces: RMSNorm, rotary embeddings (HF "rotate half" convention, configurable theta), grouped-query
 attention, SwiGLU MLP, optional QK-norm (Qwen3), optional q/k/v bias (Qwen2), optional tied embeddings,
@@ -211,41 +218,10 @@ def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None):
     return x, kv
 
 
-def forward(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None,
-            cache: KVCache | None = None, start=0, return_hidden: bool = False, segment_ids=None):
-    """Logits for `tokens` [B, T] (float32 [B, T, vocab]).
-
-    positions: rotary positions [B, T] (default 0..T-1). With left padding pass
-        `positions = t - n_pad[b]` so every row's first real token has position 0.
-    valid: [B, T] bool, False on padding; padded keys are never attended to.
-    cache: if given, the T tokens are written to cache slots [start, start+T) and attend to every valid
-        cached slot at or before their own; returns (logits, new_cache). This is both prefill
-        (start=0, T=prompt length) and decode (T=1).
-    return_hidden: also return the final normed hidden state [B, T, d_model] (for scalar heads).
-    segment_ids: [B, T] int for packed rows (several sequences per row, pipeline.sft_dataset(pack=True)):
-        a token attends only to earlier tokens of its own segment; segment 0 is padding. Pass each
-        segment's own `positions` (0 at its first token). Not with `cache`.
-    """
-    B, T = tokens.shape
-    if positions is None:
-        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    if valid is None:
-        valid = jnp.ones((B, T), bool)
-    dt = jnp.dtype(cfg.dtype)
-    x = params["embed"].astype(dt)[tokens]
-
-    if cache is None:
-        causal = jnp.tril(jnp.ones((T, T), bool))
-        mask = causal[None] & valid[:, None, :]
-        if segment_ids is not None:
-            mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids > 0)[:, None, :]
-    elif segment_ids is not None:
-        raise ValueError("segment_ids (packed rows) is for training forwards; it cannot be used with a KV cache")
-    else:
-        kv_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, start, axis=1)
-        slots = jnp.arange(cache.valid.shape[1])
-        query_slots = start + jnp.arange(T)
-        mask = (slots[None, :] <= query_slots[:, None])[None] & kv_valid[:, None, :]
+def _decoder(params: Params, cfg: ModelConfig, tokens, positions, mask, kv=None, start=0):
+    """The shared body: embed, every layer (one `lax.scan`), final norm. Returns the normed hidden state
+    [B, T, d_model] and, with `kv` = (k_cache, v_cache), the updated caches (None without)."""
+    x = params["embed"].astype(jnp.dtype(cfg.dtype))[tokens]
 
     def body(carry, xs):
         x, kv = carry
@@ -255,17 +231,56 @@ def forward(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None
 
     if cfg.remat:
         body = jax.checkpoint(body, prevent_cse=False)
-    kv0 = None if cache is None else (cache.k, cache.v)
-    (x, new_kvs), _ = jax.lax.scan(body, (x, kv0), (params["layers"], jnp.arange(cfg.n_layers)))
-    h = rms_norm(x, params["final_norm"], cfg.norm_eps)
+    (x, kv), _ = jax.lax.scan(body, (x, kv), (params["layers"], jnp.arange(cfg.n_layers)))
+    return rms_norm(x, params["final_norm"], cfg.norm_eps), kv
+
+
+def _lm_head(params: Params, cfg: ModelConfig, h):
+    """Logits float32 [B, T, vocab] of the normed hidden state `h`."""
     head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
-    logits = jnp.einsum("btd,dv->btv", h, head.astype(dt), preferred_element_type=jnp.float32)
-    out = (logits,)
-    if cache is not None:
-        out += (KVCache(new_kvs[0], new_kvs[1], kv_valid),)
-    if return_hidden:
-        out += (h,)
-    return out[0] if len(out) == 1 else out
+    return jnp.einsum("btd,dv->btv", h, head.astype(jnp.dtype(cfg.dtype)), preferred_element_type=jnp.float32)
+
+
+def forward_hidden(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None, segment_ids=None):
+    """The final normed hidden state [B, T, d_model] of `tokens` [B, T]: `forward` without the LM head
+    (for scalar heads, e.g. the reward model). Arguments as `forward`."""
+    B, T = tokens.shape
+    if positions is None:
+        positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    if valid is None:
+        valid = jnp.ones((B, T), bool)
+    mask = jnp.tril(jnp.ones((T, T), bool))[None] & valid[:, None, :]
+    if segment_ids is not None:
+        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids > 0)[:, None, :]
+    return _decoder(params, cfg, tokens, positions, mask)[0]
+
+
+def forward(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None, segment_ids=None):
+    """Logits for `tokens` [B, T] (float32 [B, T, vocab]).
+
+    positions: rotary positions [B, T] (default 0..T-1). With left padding pass
+        `positions = t - n_pad[b]` so every row's first real token has position 0.
+    valid: [B, T] bool, False on padding; padded keys are never attended to.
+    segment_ids: [B, T] int for packed rows (several sequences per row, pipeline.sft_dataset(pack=True)):
+        a token attends only to earlier tokens of its own segment; segment 0 is padding. Pass each
+        segment's own `positions` (0 at its first token).
+    """
+    return _lm_head(params, cfg, forward_hidden(params, cfg, tokens, positions, valid, segment_ids))
+
+
+def forward_cached(params: Params, cfg: ModelConfig, tokens, positions, valid, cache: KVCache, start):
+    """(logits [B, T, vocab] float32, new cache) for `tokens` [B, T] written to cache slots [start, start+T).
+
+    Each token attends to every valid cached slot at or before its own. This is both prefill (start=0,
+    T=prompt length) and decode (T=1). positions, valid [B, T] as in `forward` (required here).
+    """
+    T = tokens.shape[1]
+    kv_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, start, axis=1)
+    slots = jnp.arange(cache.valid.shape[1])
+    query_slots = start + jnp.arange(T)
+    mask = (slots[None, :] <= query_slots[:, None])[None] & kv_valid[:, None, :]
+    h, (k, v) = _decoder(params, cfg, tokens, positions, mask, (cache.k, cache.v), start)
+    return _lm_head(params, cfg, h), KVCache(k, v, kv_valid)
 
 
 def left_pad_positions(valid):

@@ -20,7 +20,8 @@ REWARDS: dict[str, Callable[[str, str], float]] = {
     "rg_math": math.score,  # reasoning-gym answers are numbers / fractions: the boxed-answer verifier
     "mcq": mcq.score, "json": structured.score, "tool": tool.score, "longctx": math.score,  # longctx: boxed number
     "swe": swe.agentless_score, "swe_exec": swe.execution_score,
-    "pref": pref.score,  # evaluation only: a rule-based proxy judge; RLHF trains on the learned RM (rewards/rm.py)
+    # pref: evaluation only, a rule-based proxy judge; RLHF trains on the learned RM (rewards/rm_scorer.py)
+    "pref": pref.score,
 }
 
 

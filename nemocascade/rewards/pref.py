@@ -1,7 +1,7 @@
 """Proxy judge for the "pref" (RLHF) domain: a transparent, rule-based score of a chat answer in [0, 1].
 
 RLHF *trains* on a learned Bradley-Terry reward model (``nemocascade.models.reward_model``,
-``nemocascade.rewards.rm``), which can be gamed. Held-out *evaluation* therefore uses this proxy, whose
+``nemocascade.rewards.rm_scorer``), which can be gamed. Held-out *evaluation* therefore uses this proxy, whose
 rules are the ones the "pref" data encodes (``nemocascade.data.preference``): held-out "pref" pass@1 is
 the mean proxy score of greedy answers. Four checks on the final text (after ``</think>``, via
 ``nemocascade.chat.strip_think``):

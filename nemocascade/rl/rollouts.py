@@ -3,7 +3,7 @@ from the current params with the jitted sampler, score them with each prompt's d
 the samples into fixed-width training rows.
 
     source = RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter=None, rewards=None)
-    groups, stats = source.rollouts(params, source.prompts(B), max_new_tokens, rng)
+    groups, stats = source.sample(params, source.prompts(B), max_new_tokens, rng)
     batch = trim_columns(flat_batch)     # cut all-padding columns, in buckets (few compiled shapes)
 
 `groups` holds arrays with leading dims [P, G]: tokens / valid / positions [P, G, L] (prompt + response),
@@ -62,8 +62,9 @@ class RolloutSource:
                 out.append(rec)
         return out
 
-    def rollouts(self, params, records, max_new: int, rng, score: bool = True):
-        """Sample and (if `score`) score G rollouts per record -> (groups with leading dim P, stats)."""
+    def sample(self, params, records, max_new: int, rng, score: bool = True):
+        """Sample G rollouts per record from `params` and (if `score`) score them -> (groups, stats) as in the
+        module docstring: groups' arrays have leading dims [P, G], P = len(records); unscored rewards are NaN."""
         ctx, stage, G = self.ctx, self.stage, self.stage.group_size
         t0 = time.perf_counter()
         toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in records],

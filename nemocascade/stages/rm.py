@@ -5,9 +5,9 @@
         r_c, r_r = rm_scores(rm, chosen), rm_scores(rm, rejected)      (one forward pass over both)
         loss = mean -log sigmoid(r_c - r_r - margin)                     (losses.bradley_terry_loss)
 
-A pair is ``rewards.rm.rm_text(prompt, answer["chosen" | "rejected"])``: the request and each answer as a
-non-thinking chat turn, exactly what ``rewards.rm.RewardModelScorer`` scores later, so the RM is trained on
-the inputs it will judge (the think block is never shown to it, METHOD.md). Pairs come from the records'
+A pair is ``rewards.rm_scorer.rm_text(prompt, answer["chosen" | "rejected"])``: the request and each answer
+as a non-thinking chat turn, exactly what ``rewards.rm_scorer.RewardModelScorer`` scores later, so the RM is
+trained on the inputs it will judge (the think block is never shown to it, METHOD.md). Pairs come from the records'
 ``answer`` JSON (``data/preference.py``), not from ``response``, which an imperfect teacher may have padded.
 
 The stage trains through ``common.Trainer`` (checkpoints, resume, logging) with the RM's own shardings,
@@ -31,7 +31,7 @@ from nemocascade import checkpoint, losses
 from nemocascade.data import pipeline
 from nemocascade.models import reward_model
 from nemocascade.models.transformer import left_pad_positions
-from nemocascade.rewards import rm as rm_rewards
+from nemocascade.rewards import rm_scorer
 from nemocascade.stages import common
 
 DEFAULTS = dict(domains=("pref",), seq_len=96, batch_size=32, margin=0.0, head_std=0.0, eval_pairs=512)
@@ -44,7 +44,7 @@ def check(stage, earlier: dict) -> list[str]:
 
 
 def rm_path(workdir: str, name: str) -> str:
-    """Where stage `name` saves its reward model (``checkpoint.save_params``; load with ``rewards.rm.load``)."""
+    """Where stage `name` saves its reward model (``checkpoint.save_params``; load with ``rewards.rm_scorer.load``)."""
     return os.path.join(workdir, "checkpoints", "rm", name)
 
 
@@ -53,7 +53,7 @@ def encode_pair(record: dict, tokenizer, seq_len: int) -> dict[str, np.ndarray]:
     pair = json.loads(record["answer"])
     out = {}
     for side in ("chosen", "rejected"):
-        ids = rm_rewards.encode_rm(tokenizer, record["prompt"], pair[side], seq_len)
+        ids = rm_scorer.encode_rm(tokenizer, record["prompt"], pair[side], seq_len)
         tokens = np.full((seq_len,), tokenizer.pad_id, np.int32)
         tokens[:len(ids)] = ids
         out[side], out[f"{side}_valid"] = tokens, np.arange(seq_len) < len(ids)
@@ -85,8 +85,8 @@ def rm_step(state, batch, *, model_cfg, tx, margin):
 
 def pairwise_accuracy(rm_params, ctx, domain: str, records, batch_size: int, seq_len: int) -> dict[str, float]:
     """Held-out ``mean(r(chosen) > r(rejected))`` (a tie is wrong), overall and per rejected ``kind``."""
-    scorer = rm_rewards.RewardModelScorer(rm_params, ctx.model_cfg, ctx.tokenizer, batch_size=batch_size,
-                                          max_len=seq_len, mesh=ctx.mesh)
+    scorer = rm_scorer.RewardModelScorer(rm_params, ctx.model_cfg, ctx.tokenizer, batch_size=batch_size,
+                                         max_len=seq_len, mesh=ctx.mesh)
     pairs = [json.loads(r["answer"]) for r in records]
     prompts = [r["prompt"] for r in records]
     wins = scorer.score_texts(prompts, [p["chosen"] for p in pairs]) > \

@@ -4,7 +4,7 @@ aggregation of Cascade 2 (METHOD.md "Rewards per domain": RLHF).
     rm_text(prompt, final)        what the RM reads: the request and the final answer in non-thinking form
     final_text(completion)        the text after </think> (the whole text when thinking never finished)
     RewardModelScorer.score       [N] scalar rewards of (prompt, completion) pairs, jitted, fixed batch shape
-    bt_preferences(scores)        [G, G] P(i beats j) = sigmoid(r_i - r_j) of one prompt's G rollouts
+    bt_preferences(scores)        [G, G] Pr(i beats j) = sigmoid(r_i - r_j) of one prompt's G rollouts
     pairwise_rewards(pref, ...)   [G] Cascade 2 rewards: mean pairwise win prob., tie-break, conciseness bonus
 
 The RM never sees the think block (METHOD.md "Chat template and modes"): both RM training
@@ -108,7 +108,7 @@ def _scores(params, tokens, valid, *, cfg):
 
 
 def bt_preferences(scores) -> np.ndarray:
-    """``pref[i, j] = sigmoid(r_i - r_j)``: P(i beats j) under a Bradley-Terry RM. [G] -> [G, G] float64."""
+    """``pref[i, j] = sigmoid(r_i - r_j)``: Pr(i beats j) under a Bradley-Terry RM. [G] -> [G, G] float64."""
     r = np.asarray(scores, np.float64)
     d = r[:, None] - r[None, :]
     return 0.5 * (1.0 + np.tanh(0.5 * d))  # = sigmoid(d), without overflow for large |d|
@@ -117,7 +117,7 @@ def bt_preferences(scores) -> np.ndarray:
 def pairwise_rewards(pref, lengths=None, conciseness_bonus: float = 0.0, quality_gate: float = 0.5,
                      tie_eps: float = 1e-3, tie_tol: float = 1e-9) -> np.ndarray:
     """Cascade 2's RLHF reward of each of G rollouts from a pairwise judge (C2 section on RLHF; the tie-break
-    and bonus formulas are [ours]). ``pref`` [G, G]: ``pref[i, j]`` = P(i beats j); the diagonal is ignored.
+    and bonus formulas are [ours]). ``pref`` [G, G]: ``pref[i, j]`` = Pr(i beats j); the diagonal is ignored.
 
         base_i     = mean_{j != i} pref[i, j]
         copeland_i = #{j: pref[i, j] > pref[j, i]} - #{j: pref[i, j] < pref[j, i]}     (in [-(G-1), G-1])

@@ -27,7 +27,7 @@ from nemocascade.files import atomic_write
 STAGE, BEST = "stage:", "best:"
 
 
-class Registry:
+class NamedCheckpoints:
     """`workdir/checkpoints/registry.json`: {"stages": {name: {...}}, "best": {domain: {...}}}."""
 
     def __init__(self, checkpoint_dir: str):
