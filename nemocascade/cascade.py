@@ -263,7 +263,7 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
             ctx.log.record_config_changes(changes)
             print("resumed with allowed config changes: " + ", ".join(f"{k} {o!r} -> {n!r}" for k, o, n in changes),
                   flush=True)
-        ctx.registry = named_checkpoints.NamedCheckpoints(ckpt_dir)
+        ctx.checkpoints = named_checkpoints.NamedCheckpoints(ckpt_dir)
         init = ctx.pretrained if ctx.pretrained is not None else init_sharded(ctx.model_cfg, ctx.mesh,
                                                                               jax.random.key(cfg.seed))
         ctx.pretrained = None  # the run owns `init` now
@@ -276,7 +276,7 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
             t0 = time.time()
             scores = evaluate_all(ctx, init)
             checkpoint.save_params(_final_path(ctx, "init"), init)
-            ctx.registry.add_stage("init", _final_path(ctx, "init"), {d: e["pass@1"] for d, e in scores.items()})
+            ctx.checkpoints.add_stage("init", _final_path(ctx, "init"), {d: e["pass@1"] for d, e in scores.items()})
             ctx.log.set_init(scores, time.time() - t0)
             print("[init] held-out: " + ", ".join(f"{d} {e['pass@1']:.3f}" for d, e in scores.items()), flush=True)
         main = None  # the last finished main-line stage: where the next stage starts by default
@@ -286,19 +286,19 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
             stage = cfg.stages[name]
             if ctx.log.stage_done(name):
                 print(f"[{name}] already done", flush=True)
-                if f"stage:{name}" not in ctx.registry.names():  # a workdir from before the registry existed
+                if f"stage:{name}" not in ctx.checkpoints.names():  # a workdir from before the registry existed
                     entry = next(s for s in ctx.log.summary["stages"] if s["name"] == name)
-                    ctx.registry.add_stage(name, _final_path(ctx, name),
+                    ctx.checkpoints.add_stage(name, _final_path(ctx, name),
                                            {d: e["pass@1"] for d, e in entry["eval"].items()}, stage.side_branch)
                 main = main if stage.side_branch else name
                 continue
-            start = ctx.registry.stage_of(stage.init_from) if stage.init_from else main
+            start = ctx.checkpoints.stage_of(stage.init_from) if stage.init_from else main
             if start != loaded[0]:
-                loaded = (start, checkpoint.load_params(ctx.registry.path(f"stage:{start}"), ctx.abstract_params))
+                loaded = (start, checkpoint.load_params(ctx.checkpoints.path(f"stage:{start}"), ctx.abstract_params))
             ctx.start_stage = start
             kind = kinds.get(stage.kind)
             refs = kind.teacher_refs(stage) if kind.teacher_refs else None
-            teacher_stages = {d: f"stage:{ctx.registry.stage_of(r)}" for d, r in refs.items()} if refs else None
+            teacher_stages = {d: f"stage:{ctx.checkpoints.stage_of(r)}" for d, r in refs.items()} if refs else None
             t0 = time.time()
             params = kind.run(ctx, name, stage, loaded[1])
             path = _final_path(ctx, name)
@@ -306,14 +306,14 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
             train_s = time.time() - t0
             reuse = not kind.trains_policy and start is not None
             scores = _scores_of(ctx, start) if reuse else evaluate_all(ctx, params)
-            ctx.registry.add_stage(name, path, {d: s["pass@1"] for d, s in scores.items()}, stage.side_branch,
+            ctx.checkpoints.add_stage(name, path, {d: s["pass@1"] for d, s in scores.items()}, stage.side_branch,
                                    started_from=start)
             extra = {"train_wall_s": train_s, "side_branch": bool(stage.side_branch), "started_from": start}
             if reuse:  # what the stage trained is judged by its own held-out metrics (RM pairwise accuracy)
                 rows = [r for r in load_metrics(os.path.join(workdir, "metrics.jsonl")) if r["stage"] == name]
                 extra["stage_eval"] = {k: v for k, v in rows[-1].items() if k.startswith("eval/")} if rows else {}
             if teacher_stages:
-                extra["teacher_scores"] = {d: ctx.registry.score(t, d) for d, t in teacher_stages.items()}
+                extra["teacher_scores"] = {d: ctx.checkpoints.score(t, d) for d, t in teacher_stages.items()}
             ctx.log.end_stage(name, stage.kind, list(stage.domains), int(stage.steps), time.time() - t0, scores,
                               teachers=teacher_stages, **extra)
             _report(ctx, name, scores)

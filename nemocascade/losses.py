@@ -323,7 +323,7 @@ def generalized_jsd(student_logits, teacher_logits, beta=0.5):
 def bradley_terry_loss(r_chosen, r_rejected, margin=0.0):
     """Bradley-Terry reward-model loss (C1's scalar RM; Ouyang et al. 2022 Eq. 1).
 
-    ``P(chosen > rejected) = sigmoid(r_c - r_r)``;  ``L = mean_i -log sigmoid(r_c,i - r_r,i - margin)``,
+    ``Pr(chosen > rejected) = sigmoid(r_c - r_r)``;  ``L = mean_i -log sigmoid(r_c,i - r_r,i - margin)``,
     computed as ``softplus(-(r_c - r_r - margin))`` (stable for any score gap). ``margin`` >= 0 asks for a
     gap of at least ``margin`` (Llama 2's margin loss); 0 is the plain BT loss.
 

@@ -8,7 +8,7 @@ import numpy as np
 import optax
 import pytest
 
-from nemocascade import objectives, teachers, train_state
+from nemocascade import named_checkpoints, objectives, train_state
 from nemocascade.models import ModelConfig, forward, init_params
 from nemocascade.rl import update
 from nemocascade.stages import common, mopd
@@ -140,14 +140,14 @@ def test_teacher_refs_default_to_best_per_domain_and_reject_foreign_domains():
 
 
 def test_registry_best_per_domain_keeps_the_earlier_stage_on_ties(tmp_path):
-    reg = teachers.Registry(str(tmp_path))
+    reg = named_checkpoints.NamedCheckpoints(str(tmp_path))
     reg.add_stage("sft", "/p/sft", {"math": 0.5, "if": 0.2})
     reg.add_stage("ifrl", "/p/ifrl", {"math": 0.5, "if": 0.6})
     reg.add_stage("rlhf", "/p/rlhf", {"math": 0.4, "if": 0.7}, side_branch=True, started_from="sft")
     assert reg.stage_of("best:math") == "sft"  # tie 0.5 = 0.5: the earlier checkpoint stays
     assert reg.stage_of("best:if") == "rlhf"  # side branches count
     assert reg.path("stage:ifrl") == "/p/ifrl" and reg.score("best:if", "math") == 0.4
-    again = teachers.Registry(str(tmp_path))  # persisted
+    again = named_checkpoints.NamedCheckpoints(str(tmp_path))  # persisted
     assert again.stage_of("best:if") == "rlhf"
     with pytest.raises(KeyError, match="best:code"):
         reg.stage_of("best:code")
@@ -157,12 +157,12 @@ def test_registry_best_per_domain_keeps_the_earlier_stage_on_ties(tmp_path):
 
 def test_manifest_refuses_a_resume_with_another_teacher(tmp_path):
     first = {"rewards": {"mopd/math": "nemocascade.rewards.math.score"}, "teachers": {"mopd": {"math": "best:math"}}}
-    teachers.check_manifest(str(tmp_path), first)
-    teachers.check_manifest(str(tmp_path), json.loads(json.dumps(first)))  # same mapping: fine
+    named_checkpoints.check_manifest(str(tmp_path), first)
+    named_checkpoints.check_manifest(str(tmp_path), json.loads(json.dumps(first)))  # same mapping: fine
     extended = {"rewards": {**first["rewards"], "arm/math": "nemocascade.rewards.math.score"},
                 "teachers": first["teachers"]}
-    teachers.check_manifest(str(tmp_path), extended)  # a stage added to the run: recorded, not refused
+    named_checkpoints.check_manifest(str(tmp_path), extended)  # a stage added to the run: recorded, not refused
     assert "arm/math" in json.load(open(tmp_path / "manifest.json"))["rewards"]
     changed = {**first, "teachers": {"mopd": {"math": "stage:sft"}}}
     with pytest.raises(ValueError, match=r"teachers\['mopd'\].*best:math.*stage:sft"):
-        teachers.check_manifest(str(tmp_path), changed)
+        named_checkpoints.check_manifest(str(tmp_path), changed)

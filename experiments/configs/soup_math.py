@@ -41,7 +41,7 @@ def run_soup(ctx, name, stage, params):
     del params
     souped = None
     for ref, w in zip(stage.sources, stage.weights):
-        p = checkpoint.load_params(ctx.registry.path(ref), ctx.abstract_params)
+        p = checkpoint.load_params(ctx.checkpoints.path(ref), ctx.abstract_params)
         souped = jax.tree.map(lambda x: w * x, p) if souped is None else jax.tree.map(lambda a, x: a + w * x, souped, p)
     print(f"[{name}] soup of " + ", ".join(f"{w:g} x {r}" for r, w in zip(stage.sources, stage.weights)), flush=True)
     return souped

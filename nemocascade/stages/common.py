@@ -31,7 +31,7 @@ COMMON_DEFAULTS = dict(
     kind="", domains=("math",), steps=100, checkpoint_every=50, eval_n=64, eval_every=0,
     # Handoff (issue: "a cascade is a list of stage configs"). A stage starts from the main line's params
     # (the last finished non-side-branch stage) unless `init_from` names a checkpoint ("stage:sft",
-    # "best:math"; see nemocascade/teachers.py). A `side_branch` stage does not advance the main line.
+    # "best:math"; see nemocascade/named_checkpoints.py). A `side_branch` stage does not advance the main line.
     init_from="", side_branch=False,
     # "reset": a fresh optimiser state; "keep": Adam moments from the stage this one starts from (its
     # learning-rate schedule still starts at its own step 0)
@@ -70,7 +70,7 @@ class RunContext:
     log: RunLog
     param_shardings: Any
     pool: Any  # rewards.pool.VerifierPool
-    registry: Any = None  # teachers.Registry: named checkpoints (stage finals, best per domain)
+    checkpoints: Any = None  # named_checkpoints.NamedCheckpoints: `stage:<name>`, `best:<domain>` -> a checkpoint
     abstract_params: Any = None  # ShapeDtypeStructs with shardings, to load any named checkpoint
     start_stage: str | None = None  # the stage whose params (and optimizer state) the current stage starts from
     pretrained: Any = None  # params of config.pretrained, until the driver takes them as the run's start

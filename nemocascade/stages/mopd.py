@@ -2,7 +2,7 @@
 
 A configuration of the one on-policy loop (stages/onpolicy.py). Each prompt's domain picks its teacher
 (`teachers`: domain -> checkpoint, default `best:<domain>`, the strongest held-out checkpoint of that domain
-so far; nemocascade/teachers.py), and the objective is the `mopd` term: per sampled token the advantage
+so far; nemocascade/named_checkpoints.py), and the objective is the `mopd` term: per sampled token the advantage
 a_t = sg[log pi_teacher - log pi_train], the truncated importance weight w_t = sg[pi_train / pi_inf] inside
 [is_low, is_high] (0 outside), loss -mean_responses[(1/|V|) sum_t w_t a_t log pi_train]: the per-response
 token mean is `aggregation="seq_mean_token_mean"`. No outcome reward, no group baseline; the configs warm the

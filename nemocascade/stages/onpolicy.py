@@ -50,7 +50,7 @@ DEFAULTS = dict(
     epoch_filter=False, readmit_hard=0.1, readmit_easy=0.01,
     # RLHF (METHOD.md "Rewards per domain"): score rollouts with the BT reward model an earlier `rm` stage
     # trained, on the text after </think>; "scalar" = its score, "pairwise" = Cascade 2's aggregation (mean
-    # P(i beats j) over the group, ties broken by ranking, optional quality-gated conciseness bonus)
+    # Pr(i beats j) over the group, ties broken by ranking, optional quality-gated conciseness bonus)
     reward_model="", reward_mode="scalar", conciseness_bonus=0.0, quality_gate=0.5, rm_max_len=160,
 )
 REWARD_MODES = ("scalar", "pairwise")
@@ -118,10 +118,10 @@ def teacher_refs(stage) -> dict[str, str]:
 def load_teachers(ctx, name: str, stage) -> tuple[tuple, np.ndarray]:
     """Distinct teacher params (on the student's mesh) and run-domain index -> teacher index."""
     refs = teacher_refs(stage)
-    resolved = {d: ctx.registry.stage_of(ref) for d, ref in refs.items()}
+    resolved = {d: ctx.checkpoints.stage_of(ref) for d, ref in refs.items()}
     print(f"[{name}] teachers: " + ", ".join(f"{d} <- {refs[d]} ({s})" for d, s in resolved.items()), flush=True)
     order = list(dict.fromkeys(resolved.values()))
-    params = tuple(checkpoint.load_params(ctx.registry.path(f"stage:{s}"), ctx.abstract_params) for s in order)
+    params = tuple(checkpoint.load_params(ctx.checkpoints.path(f"stage:{s}"), ctx.abstract_params) for s in order)
     of_domain = [order.index(resolved[d]) if d in resolved else 0 for d in ctx.cfg.data.domains]
     return params, np.asarray(of_domain, np.int32)
 
@@ -157,8 +157,8 @@ def run(ctx: common.RunContext, name: str, stage, params):
             buf = filters.RefillBuffer(B, stage.refill_rounds if stage.dynamic_filter else 1)
             timing, first, rounds = defaultdict(float), None, 0
             while not buf.ready():  # always B prompts per round: one compiled sampler
-                groups, t = rollouts.rollouts(trainer.state.params, rollouts.prompts(B), max_new,
-                                              jax.random.fold_in(rng, rounds), score=score)
+                groups, t = rollouts.sample(trainer.state.params, rollouts.prompts(B), max_new,
+                                            jax.random.fold_in(rng, rounds), score=score)
                 rounds += 1
                 for k, v in t.items():
                     timing[k] += v
@@ -188,7 +188,7 @@ def run(ctx: common.RunContext, name: str, stage, params):
 
 def rm_scorer(ctx, stage):
     """Rewards [n_prompts, G] from the reward model of stage `stage.reward_model` (saved by `stages/rm.py`)."""
-    from nemocascade.rewards import rm as rm_rewards  # RLHF stages only
+    from nemocascade.rewards import rm_scorer as rm_rewards  # RLHF stages only
     from nemocascade.stages import rm as rm_stage
 
     scorer = rm_rewards.RewardModelScorer.load(
