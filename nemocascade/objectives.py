@@ -178,7 +178,7 @@ def build(spec: Mapping, aggregation: str, settings: Mapping) -> Objective:
         raise ValueError("; ".join(bad))
     terms = []
     for name, w in spec.items():
-        if _is_schedule(w) or w != 0:
+        if _is_on(w):
             term = TERMS[name]
             terms.append((term, _weight_fn(w), {k: settings[k] for k in term.options}))
     return Objective(tuple(terms), aggregation)
@@ -202,9 +202,18 @@ def problems(spec: Mapping, aggregation: str, settings: Mapping) -> list[str]:
             bad.append(f"objective.{name}={w!r}: a weight is a number or a schedule dict")
         missing = [k for k in TERMS[name].options if k not in settings]
         bad += [f"objective.{name}: reads the stage key {k!r}, which this stage lacks" for k in missing]
-    if not any(_is_schedule(w) or (isinstance(w, (int, float)) and w != 0) for w in spec.values()):
+    if not any(_is_on(w) for w in spec.values()):
         bad.append(f"objective={dict(spec)}: every weight is 0, nothing would train")
     return bad
+
+
+def needs(spec: Mapping) -> frozenset:
+    """What the known, non-zero terms of ``spec`` read (INPUTS); unknown terms are ``problems``' to report."""
+    return frozenset().union(*(TERMS[k].needs for k, w in spec.items() if k in TERMS and _is_on(w)))
+
+
+def _is_on(w) -> bool:
+    return _is_schedule(w) or (isinstance(w, (int, float)) and w != 0)
 
 
 def _is_schedule(w) -> bool:

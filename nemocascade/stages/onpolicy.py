@@ -56,18 +56,12 @@ DEFAULTS = dict(
 REWARD_MODES = ("scalar", "pairwise")
 
 
-def needs(stage) -> frozenset:
-    """What the stage's objective reads beyond the policy (objectives.INPUTS), from its known, non-zero terms."""
-    return frozenset().union(*(objectives.TERMS[k].needs for k, w in stage.objective.items()
-                               if k in objectives.TERMS and (objectives._is_schedule(w) or w != 0)))
-
-
 def check(stage, earlier: dict) -> list[str]:
     """What is wrong with an on-policy stage's settings, as `key: problem` lines (empty: fine); run at
     validation. `earlier`: the stages before it (`reward_model` must name one of kind "rm")."""
     B, G = stage.prompts_per_step, stage.group_size
     bad = objectives.problems(stage.objective, stage.aggregation, stage)
-    trains_on_rewards = "advantages" in needs(stage)
+    trains_on_rewards = "advantages" in objectives.needs(stage.objective)
     bad += [f"group_size={G}: the group baseline needs >= 2 rollouts per prompt (one is always its own mean: "
             "advantage 0, nothing trains)"] if trains_on_rewards and G < 2 else []
     bad += [f"{k}={stage[k]} must be >= 1" for k in ("prompts_per_step", "group_size", "max_new_tokens",
@@ -106,7 +100,7 @@ def max_new_tokens_at(stage, step: int) -> int:
 
 def teacher_refs(stage) -> dict[str, str]:
     """domain -> teacher checkpoint name for every domain of the stage; {} when no term reads a teacher."""
-    if not needs(stage) & update.TEACHER_INPUTS:
+    if not objectives.needs(stage.objective) & update.TEACHER_INPUTS:
         return {}
     extra = sorted(set(stage.teachers) - set(stage.domains))
     if extra:
@@ -154,22 +148,7 @@ def run(ctx: common.RunContext, name: str, stage, params):
         for step in trainer.steps():
             max_new = max_new_tokens_at(stage, step)
             rng = jax.random.fold_in(jax.random.wrap_key_data(trainer.state.rng), step)
-            buf = filters.RefillBuffer(B, stage.refill_rounds if stage.dynamic_filter else 1)
-            timing, first, rounds = defaultdict(float), None, 0
-            while not buf.ready():  # always B prompts per round: one compiled sampler
-                groups, t = rollouts.sample(trainer.state.params, rollouts.prompts(B), max_new,
-                                            jax.random.fold_in(rng, rounds), score=score)
-                rounds += 1
-                for k, v in t.items():
-                    timing[k] += v
-                first = first or groups
-                keep = np.ones(B, bool)
-                if stage.dynamic_filter:
-                    keep &= filters.dynamic_filter_keep(groups["rewards"])
-                if stage.mask_if_max_reward_below != DEFAULTS["mask_if_max_reward_below"]:
-                    keep &= filters.max_reward_keep(groups["rewards"], stage.mask_if_max_reward_below)
-                buf.add(groups, keep)
-            groups, fstats = buf.take()
+            groups, first, fstats, timing = sample_groups(rollouts, trainer.state.params, stage, max_new, rng, score)
             batch = update.build_batch(groups, overlong=stage.overlong, adv_eps=stage.adv_eps, target=B,
                                        with_advantages=trains_on_rewards)
             t0 = time.perf_counter()
@@ -184,6 +163,29 @@ def run(ctx: common.RunContext, name: str, stage, params):
                 metrics |= common.quick_eval(ctx, trainer.state.params, stage)
             trainer.log(step, metrics)
         return trainer.finish()
+
+
+def sample_groups(rollouts, params, stage, max_new: int, rng, score: bool):
+    """`prompts_per_step` prompts x G rollouts, sampled again (up to `refill_rounds`, always B prompts a round: one
+    compiled sampler) while the reward filters drop groups -> (kept groups, the first round's groups, filter
+    stats, timings summed over rounds)."""
+    B = stage.prompts_per_step
+    buf = filters.RefillBuffer(B, stage.refill_rounds if stage.dynamic_filter else 1)
+    timing, first, rounds = defaultdict(float), None, 0
+    while not buf.ready():
+        groups, t = rollouts.sample(params, rollouts.prompts(B), max_new, jax.random.fold_in(rng, rounds), score=score)
+        rounds += 1
+        for k, v in t.items():
+            timing[k] += v
+        first = first or groups
+        keep = np.ones(B, bool)
+        if stage.dynamic_filter:
+            keep &= filters.dynamic_filter_keep(groups["rewards"])
+        if stage.mask_if_max_reward_below != DEFAULTS["mask_if_max_reward_below"]:
+            keep &= filters.max_reward_keep(groups["rewards"], stage.mask_if_max_reward_below)
+        buf.add(groups, keep)
+    groups, fstats = buf.take()
+    return groups, first, fstats, timing
 
 
 def rm_scorer(ctx, stage):
