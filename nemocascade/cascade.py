@@ -17,12 +17,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
 import os
 import time
 
 import jax
 
-from nemocascade import chat, checkpoint, evaluation, interrupts, named_checkpoints, plots
+from nemocascade import chat, checkpoint, evaluation, files, interrupts, named_checkpoints, plots, stats
 from nemocascade import workdir as workdir_lib
 from nemocascade.configs import stage_order
 from nemocascade.data import tfds_builder
@@ -205,9 +206,10 @@ def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.Ru
     return ctx
 
 
-def evaluate_all(ctx: common.RunContext, params) -> dict:
+def evaluate_all(ctx: common.RunContext, params) -> tuple[dict, dict]:
     """Held-out score of every domain of the run (C1's per-stage table), not only the stage's own, and of
-    every named evaluation set (`config.eval.sets`: name -> {n, max_prompt_len, max_new_tokens})."""
+    every named evaluation set (`config.eval.sets`: name -> {n, max_prompt_len, max_new_tokens}):
+    (summary eval {name: {"pass@1", "n", "ci95", ...}}, per-item scores {name: [score per test item]})."""
     out = {}
     for i, domain in enumerate(ctx.cfg.data.domains):
         records = ctx.test_records(domain, ctx.cfg.eval.n or None)
@@ -222,6 +224,30 @@ def evaluate_all(ctx: common.RunContext, params) -> dict:
         records, too_long = ctx.eval_sets[name]
         out[name] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,
                                         rng=jax.random.key(1000), **settings) | {"skipped_too_long": too_long}
+    return out, {name: result.pop("scores") for name, result in out.items()}
+
+
+def _item_scores_path(ctx, stage_name: str) -> str:
+    return os.path.join(ctx.workdir, "eval_scores", f"{stage_name}.json")
+
+
+def _save_item_scores(ctx, stage_name: str, items: dict) -> None:
+    files.atomic_write(_item_scores_path(ctx, stage_name), json.dumps(items))
+
+
+def _paired_gains(ctx, before_stage: str | None, items: dict) -> dict:
+    """{eval name: {"mean_gain", "ci95"}} of this stage against `before_stage` on the same test items (paired
+    bootstrap, `stats.paired_diff_ci95`); {} when that stage's per-item scores are not on disk."""
+    path = _item_scores_path(ctx, before_stage) if before_stage else ""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        before = json.load(f)
+    out = {}
+    for name, after in items.items():
+        if len(before.get(name, ())) == len(after):
+            gain, ci = stats.paired_diff_ci95(before[name], after)
+            out[name] = {"mean_gain": gain, "ci95": ci}
     return out
 
 
@@ -274,7 +300,8 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
                                                        ctx.param_shardings)
         if cfg.get("eval_init") and not ctx.log.summary.get("init"):  # the starting model's scores ("before")
             t0 = time.time()
-            scores = evaluate_all(ctx, init)
+            scores, items = evaluate_all(ctx, init)
+            _save_item_scores(ctx, "init", items)
             checkpoint.save_params(_final_path(ctx, "init"), init)
             ctx.checkpoints.add_stage("init", _final_path(ctx, "init"), {d: e["pass@1"] for d, e in scores.items()})
             ctx.log.set_init(scores, time.time() - t0)
@@ -305,13 +332,17 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
             checkpoint.save_params(path, params)
             train_s = time.time() - t0
             reuse = not kind.trains_policy and start is not None
-            scores = _scores_of(ctx, start) if reuse else evaluate_all(ctx, params)
+            scores, items = (_scores_of(ctx, start), None) if reuse else evaluate_all(ctx, params)
             ctx.checkpoints.add_stage(name, path, {d: s["pass@1"] for d, s in scores.items()}, stage.side_branch,
                                    started_from=start)
             extra = {"train_wall_s": train_s, "side_branch": bool(stage.side_branch), "started_from": start}
             if reuse:  # what the stage trained is judged by its own held-out metrics (RM pairwise accuracy)
                 rows = [r for r in load_metrics(os.path.join(workdir, "metrics.jsonl")) if r["stage"] == name]
                 extra["stage_eval"] = {k: v for k, v in rows[-1].items() if k.startswith("eval/")} if rows else {}
+            if items is not None:  # paired against what the stage started from (RUN_OUTPUT.md: paired differences)
+                _save_item_scores(ctx, name, items)
+                before = start or ("init" if ctx.log.summary.get("init") else None)
+                extra["paired_vs_start"] = _paired_gains(ctx, before, items)
             if teacher_stages:
                 extra["teacher_scores"] = {d: ctx.checkpoints.score(t, d) for d, t in teacher_stages.items()}
             ctx.log.end_stage(name, stage.kind, list(stage.domains), int(stage.steps), time.time() - t0, scores,

@@ -7,7 +7,7 @@ import importlib
 import jax
 import numpy as np
 
-from nemocascade import chat, sampling
+from nemocascade import chat, sampling, stats
 from nemocascade import mesh as mesh_lib
 from nemocascade.data import pipeline
 from nemocascade.rewards import get_reward
@@ -65,15 +65,16 @@ def score_texts(pool, texts, records, rewards: dict | None = None) -> tuple[list
 
 def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_prompt_len,
              max_new_tokens, rng, thinking=True, mesh=None):
-    """Greedy pass@1 on `records` (each scored by its own domain's reward). Returns {"pass@1", "n", "mean_len"} and
-    the verifier failure counts of `score_texts` (a score of 0 that a timeout or a verifier bug produced is then
-    visible in summary.json, not only in the training metrics)."""
+    """Greedy pass@1 on `records` (each scored by its own domain's reward). Returns {"pass@1", "n", "ci95" (95%
+    interval of the mean, `stats.mean_ci95`), "mean_len", "scores" (per record, in order: for paired comparisons)}
+    and the verifier failure counts of `score_texts` (a score of 0 that a timeout or a verifier bug produced is
+    then visible in summary.json, not only in the training metrics)."""
     texts, lengths = generate(params, model_cfg, tokenizer, records, batch_size=batch_size,
                      max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens, rng=rng,
                      thinking=thinking, mesh=mesh)
     scores, counts = score_texts(pool, texts, records)
-    return {"pass@1": float(np.mean(scores)) if scores else 0.0, "n": len(records),
-            "mean_len": float(np.mean(lengths)) if lengths else 0.0, **counts}
+    return {"pass@1": float(np.mean(scores)) if scores else 0.0, "n": len(records), "ci95": stats.mean_ci95(scores),
+            "mean_len": float(np.mean(lengths)) if lengths else 0.0, "scores": [float(s) for s in scores], **counts}
 
 
 # Real evaluation sets any config can name in `config.eval.sets` (name -> settings), evaluated after every

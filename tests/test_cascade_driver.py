@@ -48,6 +48,17 @@ def test_side_branch_keep_optimizer_mopd_and_resume(tmp_path):
     for s in stages.values():  # HumanEval through the sandbox after every stage; too-long prompts are counted
         he = s["eval"]["humaneval"]
         assert he["n"] == 4 and he["pass@1"] == 0.0 and 0 <= he["skipped_too_long"] <= 160
+    # every evaluation carries its 95% interval (RUN_OUTPUT.md); a stage's paired gain over its start is recomputed
+    # here from the per-item scores it saved
+    for s in stages.values():
+        for result in s["eval"].values():
+            lo, hi = result["ci95"]
+            assert 0 <= lo <= result["pass@1"] <= hi <= 1
+    items = {n: json.load(open(f"{wd}/eval_scores/{n}.json")) for n in stages}
+    assert len(items["grpo"]["math"]) == stages["grpo"]["eval"]["math"]["n"]
+    paired = stages["branch"]["paired_vs_start"]["math"]  # branch started from sft
+    assert paired["mean_gain"] == pytest.approx(np.mean(items["branch"]["math"]) - np.mean(items["sft"]["math"]))
+    assert paired["ci95"][0] <= paired["mean_gain"] <= paired["ci95"][1]
     rows = [json.loads(line) for line in open(f"{wd}/metrics.jsonl")]
     distil = [r for r in rows if r["stage"] == "distil"]
     assert len(distil) == 2 and all("reverse_kl/math" in r and "is_clip_frac" in r for r in distil)

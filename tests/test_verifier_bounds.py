@@ -228,7 +228,8 @@ def test_evaluate_reports_the_counts_beside_pass_at_1(monkeypatch):
         out = evaluation.evaluate(None, None, None, records, pool, batch_size=1, max_prompt_len=1,
                                   max_new_tokens=1, rng=None)
     assert out == {"pass@1": pytest.approx(1 / 3), "n": 3, "mean_len": pytest.approx(5 / 3),
-                   "verifier_timeouts": 0, "verifier_errors": 2, "verifier_crashes": 0}
+                   "verifier_timeouts": 0, "verifier_errors": 2, "verifier_crashes": 0,
+                   "scores": [1.0, 0.0, 0.0], "ci95": pytest.approx([0.0615, 0.7923], abs=1e-4)}  # Wilson 1/3
 
 
 def test_a_verifier_bug_is_counted_not_hidden(monkeypatch):
