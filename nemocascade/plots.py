@@ -172,3 +172,32 @@ def plot_stage_comparison(metrics_jsonl: str, out_png: str, stages: list[str], k
     ax.legend()
     ax.set_title(title or key)
     _save(fig, out_png)
+
+
+def plot_sweep(sweep: dict, out_png: str) -> None:
+    """Mean pass@1 (percent) over seeds after each stage, one line per domain, with its 95% band across seeds
+    (sweep.json from nemocascade/sweep.py); the seeds' own values as faint dots."""
+    stages = sweep["stages"]
+    if not stages:
+        raise ValueError("sweep has no stages to plot")
+    domains = list(dict.fromkeys(d for s in stages for d in s["eval"]))
+    fig = Figure(figsize=(max(5.0, 1.2 * len(stages) + 2), 4), layout="constrained")
+    ax = fig.subplots()
+    x = np.arange(len(stages))
+    for i, domain in enumerate(domains):
+        rows = [s["eval"].get(domain) for s in stages]
+        mean = np.array([100 * r["mean"] if r else math.nan for r in rows])
+        lo = np.array([100 * r["ci95"][0] if r and r["ci95"] else math.nan for r in rows])
+        hi = np.array([100 * r["ci95"][1] if r and r["ci95"] else math.nan for r in rows])
+        color = f"C{i % 10}"
+        ax.plot(x, mean, marker="o", color=color, label=domain)
+        ax.fill_between(x, lo, hi, color=color, alpha=0.15)
+        for j, r in enumerate(rows):
+            if r:
+                ax.plot([j] * len(r["per_seed"]), [100 * v for v in r["per_seed"]], ".", color=color, alpha=0.35)
+    ax.set_xticks(x, [s["name"] for s in stages], rotation=30, ha="right")
+    ax.set_ylabel("pass@1 (%), mean over seeds")
+    ax.set_title(f"{sweep.get('config', '')}: seeds {sweep['seeds']} (bands: 95% across seeds)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    _save(fig, out_png)

@@ -1,0 +1,76 @@
+"""One config over several seeds: aggregate each seed's summary.json into sweep.json (../shared/RUN_OUTPUT.md).
+
+    sweep = aggregate(config, variant, {seed: summary})
+    sweep["stages"][i]["eval"][domain] = {"mean", "ci95", "n_seeds", "per_seed"}   (ci95: Student t across seeds)
+    sweep["paired"] = [{"from", "to", "domain", "mean_gain", "ci95", "per_seed"}]  (each stage minus its start)
+
+The runs themselves are `experiments/run.py` processes (`experiments/sweep.py` starts them); this module only
+reads what they wrote, so a sweep can be re-aggregated at any time, with some seeds still running.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from nemocascade import stats
+
+
+def aggregate(config: str, variant: str | None, summaries: dict[int, dict]) -> dict:
+    """sweep.json's content from the seeds' summaries (a stage missing in some seeds counts the seeds it has)."""
+    seeds = sorted(summaries)
+    order: list[str] = []
+    for seed in seeds:
+        order += [s["name"] for s in summaries[seed]["stages"] if s["name"] not in order]
+    by_seed = {seed: {s["name"]: s for s in summaries[seed]["stages"]} for seed in seeds}
+    for seed in seeds:
+        if summaries[seed].get("init"):
+            by_seed[seed]["init"] = {"name": "init", "eval": summaries[seed]["init"]["eval"], "started_from": None}
+    stages, paired = [], []
+    for name in (["init"] if any("init" in by_seed[s] for s in seeds) else []) + order:
+        present = [s for s in seeds if name in by_seed[s]]
+        domains = list(dict.fromkeys(d for s in present for d in by_seed[s][name]["eval"]))
+        stages.append({"name": name, "eval": {d: _over_seeds([by_seed[s][name]["eval"][d]["pass@1"] for s in present
+                                                              if d in by_seed[s][name]["eval"]]) for d in domains}})
+        starts = {by_seed[s][name].get("started_from") or ("init" if "init" in by_seed[s] and name != "init" else None)
+                  for s in present}
+        start = starts.pop() if len(starts) == 1 else None
+        if start is None:
+            continue
+        for d in domains:
+            gains = [by_seed[s][name]["eval"][d]["pass@1"] - by_seed[s][start]["eval"][d]["pass@1"] for s in present
+                     if start in by_seed[s] and d in by_seed[s][name]["eval"] and d in by_seed[s][start]["eval"]]
+            if gains:
+                row = _over_seeds(gains)
+                paired.append({"from": start, "to": name, "domain": d, "mean_gain": row["mean"], "ci95": row["ci95"],
+                               "n_seeds": row["n_seeds"], "per_seed": row["per_seed"]})
+    return {"config": config, "variant": variant, "seeds": seeds, "stages": stages, "paired": paired}
+
+
+def _over_seeds(values) -> dict:
+    return {"mean": float(np.mean(values)), "ci95": stats.seeds_ci95(values), "n_seeds": len(values),
+            "per_seed": [float(v) for v in values]}
+
+
+def table_markdown(sweep: dict) -> str:
+    """Stages x domains, cells "mean [low, high]" in percent (a single seed: the mean alone), then the paired
+    gains of each stage over its start. No trailing newline."""
+    domains = list(dict.fromkeys(d for s in sweep["stages"] for d in s["eval"]))
+    n = len(sweep["seeds"])
+    lines = [f"seeds {sweep['seeds']}: mean over seeds [95% interval, Student t]", "",
+             "| stage | " + " | ".join(domains) + " |", "|:--|" + "--:|" * len(domains)]
+    for s in sweep["stages"]:
+        lines.append(f"| {s['name']} | " + " | ".join(_cell(s["eval"].get(d)) for d in domains) + " |")
+    if sweep["paired"]:
+        lines += ["", f"paired gain over the stage's start, per seed then averaged (n={n} seeds):", "",
+                  "| from -> to | domain | gain | 95% interval |", "|:--|:--|--:|--:|"]
+        for p in sweep["paired"]:
+            ci = f"[{100 * p['ci95'][0]:+.1f}, {100 * p['ci95'][1]:+.1f}]" if p["ci95"] else "-"
+            lines.append(f"| {p['from']} -> {p['to']} | {p['domain']} | {100 * p['mean_gain']:+.1f} | {ci} |")
+    return "\n".join(lines)
+
+
+def _cell(row) -> str:
+    if row is None:
+        return "-"
+    if row["ci95"] is None:
+        return f"{100 * row['mean']:.1f}"
+    return f"{100 * row['mean']:.1f} [{100 * row['ci95'][0]:.1f}, {100 * row['ci95'][1]:.1f}]"
