@@ -36,6 +36,7 @@ from nemocascade.stages import common, kinds
 from nemocascade.tokenizer import load_or_train
 
 CURVE_KEYS = ("loss", "reward", "eval/math/pass@1")
+VAL_N = 200  # validation items per domain after each stage, unless config.eval.val_n says otherwise (0: all)
 
 
 def validate(cfg) -> None:
@@ -183,7 +184,8 @@ def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.Ru
     """Everything a stage needs; the caller has validated `cfg` and holds the workdir (see `run`)."""
     mesh = make_mesh(dict(cfg.mesh))
     data_dir = cfg.data.data_dir or os.path.join(workdir, "data")
-    sources = {d: tfds_builder.prepare(d, data_dir, dc.num_train, dc.num_test, cfg.seed, **dc.opts.to_dict())
+    sources = {d: tfds_builder.prepare(d, data_dir, dc.num_train, dc.num_test, cfg.seed, num_val=dc.get("num_val"),
+                                       **dc.opts.to_dict())
                for d, dc in cfg.data.domains.items()}
     pretrained = None
     if cfg.get("pretrained") and cfg.pretrained.kind:
@@ -206,16 +208,18 @@ def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.Ru
     return ctx
 
 
-def evaluate_all(ctx: common.RunContext, params) -> tuple[dict, dict]:
-    """Held-out score of every domain of the run (C1's per-stage table), not only the stage's own, and of
-    every named evaluation set (`config.eval.sets`: name -> {n, max_prompt_len, max_new_tokens}):
-    (summary eval {name: {"pass@1", "n", "ci95", ...}}, per-item scores {name: [score per test item]})."""
+def evaluate_all(ctx: common.RunContext, params, split: str = "test") -> tuple[dict, dict]:
+    """Held-out score of every domain of the run (C1's per-stage table), not only the stage's own, on `split`
+    (the first `eval.n` test items, or the first `eval.val_n` validation items), and on test also every named
+    evaluation set (`config.eval.sets`: name -> {n, max_prompt_len, max_new_tokens}):
+    (summary eval {name: {"pass@1", "n", "ci95", ...}}, per-item scores {name: [score per item]})."""
     out = {}
+    n = ctx.cfg.eval.n if split == "test" else ctx.cfg.eval.get("val_n", VAL_N)
     for i, domain in enumerate(ctx.cfg.data.domains):
-        records = ctx.test_records(domain, ctx.cfg.eval.n or None)
+        records = ctx.records(domain, split, n or None)
         out[domain] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,
                                           rng=jax.random.key(i), **common.eval_settings(ctx, domain))
-    for name, sc in ctx.cfg.eval.get("sets", {}).items():
+    for name, sc in ctx.cfg.eval.get("sets", {}).items() if split == "test" else ():
         settings = common.eval_settings(ctx) | {k: sc[k] for k in ("max_prompt_len", "max_new_tokens") if k in sc}
         if name not in ctx.eval_sets:
             everything = evaluation.load_eval_set(name)
@@ -251,11 +255,16 @@ def _paired_gains(ctx, before_stage: str | None, items: dict) -> dict:
     return out
 
 
-def _scores_of(ctx, stage_name):
-    """The summary's eval of a finished stage or of the starting model (the policy an `rm` stage hands on)."""
+def _scores_of(ctx, stage_name, split_key="eval"):
+    """The summary's `eval` (test) or `val` of a finished stage or of the starting model (the policy an `rm`
+    stage hands on)."""
     if stage_name == "init":
-        return ctx.log.summary["init"]["eval"]
-    return next(s["eval"] for s in ctx.log.summary["stages"] if s["name"] == stage_name)
+        return ctx.log.summary["init"][split_key]
+    return next(s[split_key] for s in ctx.log.summary["stages"] if s["name"] == stage_name)
+
+
+def _pass1(scores: dict) -> dict:
+    return {d: e["pass@1"] for d, e in scores.items()}
 
 
 def _final_path(ctx, name):
@@ -301,10 +310,11 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
         if cfg.get("eval_init") and not ctx.log.summary.get("init"):  # the starting model's scores ("before")
             t0 = time.time()
             scores, items = evaluate_all(ctx, init)
+            val, _ = evaluate_all(ctx, init, "val")
             _save_item_scores(ctx, "init", items)
             checkpoint.save_params(_final_path(ctx, "init"), init)
-            ctx.checkpoints.add_stage("init", _final_path(ctx, "init"), {d: e["pass@1"] for d, e in scores.items()})
-            ctx.log.set_init(scores, time.time() - t0)
+            ctx.checkpoints.add_stage("init", _final_path(ctx, "init"), _pass1(val))  # chosen on validation
+            ctx.log.set_init(scores, time.time() - t0, val=val)
             print("[init] held-out: " + ", ".join(f"{d} {e['pass@1']:.3f}" for d, e in scores.items()), flush=True)
         main = None  # the last finished main-line stage: where the next stage starts by default
         loaded = (None, init)  # (stage name, params) in memory, so a handoff does not reload from disk
@@ -315,8 +325,8 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
                 print(f"[{name}] already done", flush=True)
                 if f"stage:{name}" not in ctx.checkpoints.names():  # a workdir from before the registry existed
                     entry = next(s for s in ctx.log.summary["stages"] if s["name"] == name)
-                    ctx.checkpoints.add_stage(name, _final_path(ctx, name),
-                                           {d: e["pass@1"] for d, e in entry["eval"].items()}, stage.side_branch)
+                    ctx.checkpoints.add_stage(name, _final_path(ctx, name), _pass1(entry.get("val", entry["eval"])),
+                                              stage.side_branch)
                 main = main if stage.side_branch else name
                 continue
             start = ctx.checkpoints.stage_of(stage.init_from) if stage.init_from else main
@@ -333,9 +343,11 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
             train_s = time.time() - t0
             reuse = not kind.trains_policy and start is not None
             scores, items = (_scores_of(ctx, start), None) if reuse else evaluate_all(ctx, params)
-            ctx.checkpoints.add_stage(name, path, {d: s["pass@1"] for d, s in scores.items()}, stage.side_branch,
-                                   started_from=start)
-            extra = {"train_wall_s": train_s, "side_branch": bool(stage.side_branch), "started_from": start}
+            val = _scores_of(ctx, start, "val") if reuse else evaluate_all(ctx, params, "val")[0]
+            # `best:<domain>` is chosen on validation scores, never on the test split the tables report
+            ctx.checkpoints.add_stage(name, path, _pass1(val), stage.side_branch, started_from=start)
+            extra = {"val": val, "train_wall_s": train_s, "side_branch": bool(stage.side_branch),
+                     "started_from": start}
             if reuse:  # what the stage trained is judged by its own held-out metrics (RM pairwise accuracy)
                 rows = [r for r in load_metrics(os.path.join(workdir, "metrics.jsonl")) if r["stage"] == name]
                 extra["stage_eval"] = {k: v for k, v in rows[-1].items() if k.startswith("eval/")} if rows else {}

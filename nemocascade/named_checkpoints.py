@@ -5,12 +5,13 @@ domain, any stage's final params, or a *side branch* (a stage trained from a nam
 advancing the main line, e.g. Cascade 2's RLHF teacher trained from SFT). Names:
 
     stage:<name>     the final params of stage <name> (main line or side branch)
-    best:<domain>    the stage whose held-out score on <domain> is the highest so far (ties keep the
+    best:<domain>    the stage whose validation score on <domain> is the highest so far (ties keep the
                      earlier stage: Cascade 2's math teacher is the SFT checkpoint, not a later equal one)
 
-Stages are evaluated on every domain when they end (``cascade.evaluate_all``); those scores decide
-``best:*``. The registry lives in ``workdir/checkpoints/registry.json`` (rewritten atomically), so a
-resumed run resolves every name exactly as the interrupted one did.
+Stages are evaluated on every domain when they end (``cascade.evaluate_all``); their *validation* scores
+decide ``best:*`` (the test split only reports, so no winner's curse in a distilled stage's test row). The
+registry lives in ``workdir/checkpoints/registry.json`` (rewritten atomically), so a resumed run resolves
+every name exactly as the interrupted one did.
 
 The manifest (``workdir/checkpoints/manifest.json``) records domain -> reward function and, per
 distillation stage, domain -> teacher name, as the run was configured when it first started. Resuming the

@@ -300,9 +300,10 @@ class RunLog:
             self.summary.setdefault("config_changes", []).append(entry)
             self._write_summary()
 
-    def set_init(self, eval: dict[str, dict], wall_s: float) -> None:
-        """The starting model's held-out scores (before any stage), as ``summary["init"]``."""
-        self.summary["init"] = {"eval": eval, "wall_s": float(wall_s)}
+    def set_init(self, eval: dict[str, dict], wall_s: float, val: dict[str, dict] | None = None) -> None:
+        """The starting model's held-out scores (before any stage; test `eval`, validation `val`), as
+        ``summary["init"]``."""
+        self.summary["init"] = {"eval": eval, "wall_s": float(wall_s)} | ({"val": val} if val is not None else {})
         self._write_summary()
 
     def finish(self, total_wall_s: float) -> None:

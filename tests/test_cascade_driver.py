@@ -44,7 +44,10 @@ def test_side_branch_keep_optimizer_mopd_and_resume(tmp_path):
     # the side branch did not advance the main line: MOPD starts from grpo
     assert stages["distil"]["started_from"] == "grpo"
     assert stages["distil"]["kind"] == "mopd" and stages["distil"]["teachers"] == {"math": "stage:branch"}
-    assert stages["distil"]["teacher_scores"]["math"] == stages["branch"]["eval"]["math"]["pass@1"]
+    # teachers are chosen and scored on validation, never on the test split the table reports
+    assert stages["distil"]["teacher_scores"]["math"] == stages["branch"]["val"]["math"]["pass@1"]
+    # all 64 validation items (num_val defaults to num_test; eval.val_n 200 is more); benchmarks are test-only
+    assert all(s["val"]["math"]["n"] == 64 and "humaneval" not in s["val"] for s in stages.values())
     for s in stages.values():  # HumanEval through the sandbox after every stage; too-long prompts are counted
         he = s["eval"]["humaneval"]
         assert he["n"] == 4 and he["pass@1"] == 0.0 and 0 <= he["skipped_too_long"] <= 160
@@ -66,7 +69,7 @@ def test_side_branch_keep_optimizer_mopd_and_resume(tmp_path):
 
     reg = json.load(open(f"{wd}/checkpoints/registry.json"))
     assert set(reg["stages"]) == {"sft", "grpo", "branch", "distil"}
-    best = max(stages, key=lambda n: (stages[n]["eval"]["math"]["pass@1"], -list(stages).index(n)))
+    best = max(stages, key=lambda n: (stages[n]["val"]["math"]["pass@1"], -list(stages).index(n)))
     assert reg["best"]["math"]["stage"] == best
     # the branch trained from sft, not from grpo: its params differ from grpo's final params
     assert not np.allclose(_embed(reg["stages"]["grpo"]["path"]), _embed(reg["stages"]["branch"]["path"]))

@@ -70,11 +70,11 @@ def test_split_of_matches_blake2b_reference():
     import hashlib
 
     keys = [f"+:{a}:{b}" for a in range(60) for b in range(60)]
-    ref = ["test" if int(hashlib.blake2b(k.encode(), digest_size=8).hexdigest(), 16) % 10 == 0
-           else "train" for k in keys]
+    h = [int(hashlib.blake2b(k.encode(), digest_size=8).hexdigest(), 16) % 10 for k in keys]
+    ref = ["test" if v == 0 else "val" if v == 1 else "train" for v in h]
     got = [domains.split_of(k, 10) for k in keys]
     assert got == ref
-    assert 0.08 < got.count("test") / len(keys) < 0.12
+    assert 0.08 < got.count("test") / len(keys) < 0.12 and 0.08 < got.count("val") / len(keys) < 0.12
 
 
 # ----------------------------------------------------------------------------- math traces
@@ -191,14 +191,16 @@ def test_family_weights_and_option_errors():
         dmath.generate(np.random.default_rng(0), 1, max_digits=0)
 
 
-def test_train_test_disjoint_by_problem():
-    train = domains.generate_split("math", "train", 4000, seed=0)
-    test = domains.generate_split("math", "test", 600, seed=0)
+def test_train_val_test_disjoint_by_problem():
+    splits = {s: domains.generate_split("math", s, n, seed=0) for s, n in (("train", 4000), ("val", 600),
+                                                                          ("test", 600))}
     key = lambda r: r["id"].rsplit("/", 1)[1]  # noqa: E731
-    assert not {key(r) for r in train} & {key(r) for r in test}
-    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
-    assert all(domains.split_of(key(r)) == "test" for r in test)
-    assert all(r["id"].startswith("math/test/") for r in test)
+    for a, b in (("train", "val"), ("train", "test"), ("val", "test")):
+        assert not {key(r) for r in splits[a]} & {key(r) for r in splits[b]}, (a, b)
+        assert not {r["prompt"] for r in splits[a]} & {r["prompt"] for r in splits[b]}, (a, b)
+    for s, records in splits.items():
+        assert all(domains.split_of(key(r)) == s for r in records)
+        assert all(r["id"].startswith(f"math/{s}/") for r in records)
 
 
 def test_rendered_examples_fit_a_small_context():
@@ -311,7 +313,7 @@ def built(tmp_path_factory):
 
 def test_tfds_round_trip_equals_generator(built):
     _, sources = built
-    for split, n in (("train", 60), ("test", 20)):
+    for split, n in (("train", 60), ("val", 20), ("test", 20)):
         src = sources[split]
         assert len(src) == n
         got = [src[i] for i in range(n)]

@@ -22,7 +22,7 @@ def math_base(name: str) -> ml_collections.ConfigDict:
     c.data.data_dir = ""
     c.data.domains = ml_collections.ConfigDict()
     c.data.domains.math = dict(num_train=20_000, num_test=500, opts=dict(teacher_error_rate=0.0))
-    c.eval = dict(n=500, batch_size=128, max_prompt_len=64, max_new_tokens=112)
+    c.eval = dict(n=500, val_n=200, batch_size=128, max_prompt_len=64, max_new_tokens=112)  # val_n: validation items
     c.reward = dict(num_workers=2, timeout_s=5.0)
     c.stages = ml_collections.ConfigDict()  # name -> stage config; run order is c.stage_order
     c.stage_order = ()

@@ -32,7 +32,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.domains.rg_math = dict(num_train=2000, num_test=200, opts=dict(
         datasets=("basic_arithmetic", "chain_sum", "gsm_symbolic"),
         instruction="Give only the final answer, as \\boxed{N}."))
-    c.eval = dict(n=48, batch_size=16, max_prompt_len=160, max_new_tokens=96)
+    c.eval = dict(n=48, val_n=48, batch_size=16, max_prompt_len=160, max_new_tokens=96)
     c.reward = dict(num_workers=2, timeout_s=5.0)
     c.stages = ml_collections.ConfigDict()
     c.stages.grpo = common.stage_config(

@@ -17,10 +17,11 @@ Record contract (every example of every domain) -- a flat dict of ``str``::
 Structured ground truth (e.g. unit tests for ``code``) goes into ``answer`` as a JSON string, so
 that every domain shares one on-disk schema (see ``tfds_builder.py``).
 
-Held-out split: every domain's ``generate`` takes ``split="train" | "test" | None`` and keeps
+Splits: every domain's ``generate`` takes ``split="train" | "val" | "test" | None`` and keeps
 only problems whose *canonical problem key* lands in that split under :func:`split_of`. The
 split is decided by a hash of the problem itself, not the record id, so the same problem can
-never appear in both train and test, whatever its surface wording.
+never appear in two splits, whatever its surface wording. ``val`` is what a run chooses on
+(``best:`` teachers, quick evals); ``test`` is what it reports.
 """
 
 from __future__ import annotations
@@ -32,9 +33,9 @@ from typing import Any, Callable
 import numpy as np
 
 RECORD_KEYS = ("domain", "prompt", "reasoning", "response", "answer", "id")
-SPLITS = ("train", "test")
+SPLITS = ("train", "val", "test")
 # Stable per-split stream index for `split_rng`; never reorder (it would change every dataset).
-_SPLIT_STREAM = {"train": 0, "test": 1}
+_SPLIT_STREAM = {"train": 0, "test": 1, "val": 2}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,7 @@ class DomainSpec:
         name: registry key; equals the ``"domain"`` field of every record it generates.
         generate: ``generate(rng: np.random.Generator, n: int, *, split="train", **opts)
             -> list[dict]`` returning ``n`` records (see module docstring), deterministic given
-            ``rng`` and ``opts``; ``split`` is ``"train"``, ``"test"`` or ``None`` (no filtering).
+            ``rng`` and ``opts``; ``split`` is ``"train"``, ``"val"``, ``"test"`` or ``None`` (no filtering).
         version: bump whenever ``generate`` changes its output for the same inputs, so that
             cached builds (``tfds_builder.prepare``) are not silently reused.
         description: one line for humans.
@@ -83,21 +84,23 @@ def get_domain(name: str) -> DomainSpec:
 
 
 def split_of(key: str, test_every: int = 10) -> str:
-    """Split of a canonical problem key: ``"test"`` iff ``blake2b(key) % test_every == 0``.
+    """Split of a canonical problem key, from ``h = blake2b(key) % test_every``: ``"test"`` iff h = 0,
+    ``"val"`` iff h = 1, else ``"train"``.
 
     A cryptographic hash (not Python's salted ``hash``) so the assignment is the same in every
-    process and on every machine. About ``1/test_every`` of all problems are held out.
+    process and on every machine. About ``1/test_every`` of all problems are held out for test and
+    as many for validation; the test split is the one it was before validation existed.
     """
-    if test_every < 2:
-        raise ValueError(f"test_every must be >= 2, got {test_every}")
+    if test_every < 3:
+        raise ValueError(f"test_every must be >= 3, got {test_every}")
     digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8).digest()
-    return "test" if int.from_bytes(digest, "big") % test_every == 0 else "train"
+    return ("test", "val")[h] if (h := int.from_bytes(digest, "big") % test_every) < 2 else "train"
 
 
 def check_args(split, teacher_error_rate: float = 0.0) -> None:
     """The arguments every generator shares: ValueError naming the bad one."""
     if split not in (*SPLITS, None):
-        raise ValueError(f"split must be 'train', 'test' or None, got {split!r}")
+        raise ValueError(f"split must be 'train', 'val', 'test' or None, got {split!r}")
     if not 0.0 <= teacher_error_rate <= 1.0:
         raise ValueError(f"teacher_error_rate must be in [0, 1], got {teacher_error_rate}")
 

@@ -1,13 +1,13 @@
 """Writes a domain's procedural examples to array_record with TFDS, once per config.
 
-``prepare(domain, data_dir, num_train, num_test, seed, **opts)`` builds (or reuses) the dataset
-``domain_records/<config>/1.0.0`` under ``data_dir`` and returns random-access sources of decoded
-``str`` records for ``train`` and ``test`` (the record contract of domains.py). No TensorFlow is
+``prepare(domain, data_dir, num_train, num_test, seed, num_val=..., **opts)`` builds (or reuses) the
+dataset ``domain_records/<config>/<DATASET_VERSION>`` under ``data_dir`` and returns random-access sources of
+decoded ``str`` records for ``train``, ``val`` and ``test`` (the record contract of domains.py). No TensorFlow is
 needed: the files are written by TFDS's array_record writer and read back through
 ``builder.as_data_source()``.
 
 Caching: the config name is ``<domain>_<12 hex of sha256>`` over the domain, its generator
-``version``, the seed, both sizes and every generator option, so any change builds a fresh
+``version``, the seed, the three sizes and every generator option, so any change builds a fresh
 dataset instead of silently reusing stale files. Re-running with identical arguments only
 opens the existing files.
 """
@@ -25,7 +25,7 @@ from absl import logging as absl_logging
 
 from nemocascade.data.domains import RECORD_KEYS, SPLITS, generate_split, get_domain
 
-DATASET_VERSION = "1.0.0"
+DATASET_VERSION = "1.1.0"  # 1.1.0: a validation split, taken out of train (test unchanged)
 
 
 @dataclasses.dataclass
@@ -36,28 +36,32 @@ class DomainConfig(tfds.core.BuilderConfig):
     seed: int = 0
     num_train: int = 0
     num_test: int = 0
+    num_val: int = 0
     opts_json: str = "{}"  # generator options, JSON with sorted keys
 
 
-def domain_config(domain: str, num_train: int, num_test: int, seed: int, **opts) -> DomainConfig:
-    """The config for these arguments; equal arguments give an equal ``name``."""
+def domain_config(domain: str, num_train: int, num_test: int, seed: int, num_val: int | None = None,
+                  **opts) -> DomainConfig:
+    """The config for these arguments; equal arguments give an equal ``name``. ``num_val`` defaults to
+    ``num_test``."""
     spec = get_domain(domain)
+    num_val = num_test if num_val is None else num_val
     for key, value in opts.items():
         try:
             json.dumps(value)
         except TypeError as e:
             raise TypeError(f"generator option {key!r}={value!r} is not JSON-serialisable; it "
                             "must be, so that it can name the cached dataset") from e
-    for key, value in (("num_train", num_train), ("num_test", num_test)):
+    for key, value in (("num_train", num_train), ("num_test", num_test), ("num_val", num_val)):
         if int(value) < 1:
             raise ValueError(f"{key} must be >= 1, got {value}")
     opts_json = json.dumps(opts, sort_keys=True)
     identity = json.dumps({"domain": domain, "version": spec.version, "seed": int(seed),
-                           "num_train": int(num_train), "num_test": int(num_test),
-                           "opts": json.loads(opts_json)}, sort_keys=True)
+                           "num_train": int(num_train), "num_test": int(num_test), "num_val": int(num_val),
+                           "dataset_version": DATASET_VERSION, "opts": json.loads(opts_json)}, sort_keys=True)
     digest = hashlib.sha256(identity.encode()).hexdigest()[:12]
     return DomainConfig(name=f"{domain}_{digest}", description=identity, domain=domain,
-                        seed=int(seed), num_train=int(num_train), num_test=int(num_test),
+                        seed=int(seed), num_train=int(num_train), num_test=int(num_test), num_val=int(num_val),
                         opts_json=opts_json)
 
 
@@ -81,7 +85,7 @@ class DomainRecords(tfds.core.GeneratorBasedBuilder):
     def _split_generators(self, dl_manager):
         del dl_manager  # nothing to download: the data is procedural
         cfg = self.builder_config
-        sizes = {"train": cfg.num_train, "test": cfg.num_test}
+        sizes = {"train": cfg.num_train, "val": cfg.num_val, "test": cfg.num_test}
         return {split: self._generate_examples(split, sizes[split]) for split in SPLITS}
 
     def _generate_examples(self, split: str, n: int):
@@ -135,7 +139,7 @@ class RecordSource:
 
     def __repr__(self) -> str:  # grain checkpoints compare source reprs
         a = self._build_args
-        name = domain_config(a["domain"], a["num_train"], a["num_test"], a["seed"],
+        name = domain_config(a["domain"], a["num_train"], a["num_test"], a["seed"], a.get("num_val"),
                              **a["opts"]).name
         return f"RecordSource({name}/{self._split}, n={len(self)})"
 
@@ -161,23 +165,24 @@ def _quiet():
 
 
 def builder(domain: str, data_dir: str, num_train: int, num_test: int, seed: int,
-            opts: dict | None = None) -> DomainRecords:
+            opts: dict | None = None, num_val: int | None = None) -> DomainRecords:
     """The (not yet prepared) TFDS builder for these arguments, writing array_record."""
     opts = opts or {}
-    config = domain_config(domain, num_train, num_test, seed, **opts)
+    config = domain_config(domain, num_train, num_test, seed, num_val, **opts)
     with _quiet():
         return DomainRecords(data_dir=os.fspath(data_dir), config=config,
                              file_format="array_record")
 
 
-def prepare(domain: str, data_dir: str, num_train: int, num_test: int, seed: int,
+def prepare(domain: str, data_dir: str, num_train: int, num_test: int, seed: int, num_val: int | None = None,
             **opts) -> dict[str, RecordSource]:
-    """Builds the dataset once (cached by config) and returns ``{"train": src, "test": src}``.
+    """Builds the dataset once (cached by config) and returns ``{"train": src, "val": src, "test": src}``
+    (``num_val`` defaults to ``num_test``).
 
     Records are ``generate_split(domain, split, n, seed, **opts)`` in order, as str dicts.
     """
     args = dict(domain=domain, data_dir=os.fspath(data_dir), num_train=num_train,
-                num_test=num_test, seed=seed, opts=opts)
+                num_test=num_test, seed=seed, opts=opts, num_val=num_val)
     b = builder(**args)
     with _quiet():
         b.download_and_prepare()

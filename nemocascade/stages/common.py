@@ -76,10 +76,14 @@ class RunContext:
     pretrained: Any = None  # params of config.pretrained, until the driver takes them as the run's start
     eval_sets: dict = dataclasses.field(default_factory=dict)  # name -> (records, number left out as too long)
 
-    def test_records(self, domain: str, n: int | None = None) -> list[dict]:
-        src = self.sources[domain]["test"]
+    def records(self, domain: str, split: str, n: int | None = None) -> list[dict]:
+        """The first `n` (all: None) records of a domain's split ("train", "val", "test")."""
+        src = self.sources[domain][split]
         n = len(src) if n is None else min(n, len(src))
         return [src[i] for i in range(n)]
+
+    def test_records(self, domain: str, n: int | None = None) -> list[dict]:
+        return self.records(domain, "test", n)
 
 
 def stage_config(kind: str, kind_defaults: dict, **overrides) -> ml_collections.ConfigDict:
@@ -159,10 +163,11 @@ def mixture_source(ctx: RunContext, domains, split: str, weights=None):
 
 
 def quick_eval(ctx: RunContext, params, stage) -> dict[str, float]:
-    """Greedy pass@1 on the first `stage.eval_n` held-out examples of each of the stage's domains."""
+    """Greedy pass@1 on the first `stage.eval_n` validation examples of each of the stage's domains (what a run
+    watches and may choose on; the test split is for the tables)."""
     out = {}
     for domain in stage.domains:
-        res = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, ctx.test_records(domain, stage.eval_n),
+        res = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, ctx.records(domain, "val", stage.eval_n),
                                          ctx.pool, rng=jax.random.key(0), **eval_settings(ctx, domain))
         out[f"eval/{domain}/pass@1"] = res["pass@1"]
     return out
