@@ -235,13 +235,17 @@ def _item_scores_path(ctx, stage_name: str) -> str:
     return os.path.join(ctx.workdir, "eval_scores", f"{stage_name}.json")
 
 
-def _save_item_scores(ctx, stage_name: str, items: dict) -> None:
+def _evaluate_and_keep_items(ctx, stage_name: str, params) -> tuple[dict, dict, dict]:
+    """(test eval, validation eval, per-item test scores) of `params`; the per-item scores also go to
+    eval_scores/<stage_name>.json, for later stages' paired comparisons."""
+    scores, items = evaluate_all(ctx, params)
     files.atomic_write(_item_scores_path(ctx, stage_name), json.dumps(items))
+    return scores, evaluate_all(ctx, params, "val")[0], items
 
 
 def _paired_gains(ctx, before_stage: str | None, items: dict) -> dict:
-    """{eval name: {"mean_gain", "ci95"}} of this stage against `before_stage` on the same test items (paired
-    bootstrap, `stats.paired_diff_ci95`); {} when that stage's per-item scores are not on disk."""
+    """{eval name: {"mean_gain", "ci95"}} of per-item test scores `items` against `before_stage`'s on the same
+    items (paired bootstrap, `stats.paired_diff_ci95`); {} when that stage's per-item scores are not on disk."""
     path = _item_scores_path(ctx, before_stage) if before_stage else ""
     if not os.path.exists(path):
         return {}
@@ -309,9 +313,7 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
                                                        ctx.param_shardings)
         if cfg.get("eval_init") and not ctx.log.summary.get("init"):  # the starting model's scores ("before")
             t0 = time.time()
-            scores, items = evaluate_all(ctx, init)
-            val, _ = evaluate_all(ctx, init, "val")
-            _save_item_scores(ctx, "init", items)
+            scores, val, _ = _evaluate_and_keep_items(ctx, "init", init)
             checkpoint.save_params(_final_path(ctx, "init"), init)
             ctx.checkpoints.add_stage("init", _final_path(ctx, "init"), _pass1(val))  # chosen on validation
             ctx.log.set_init(scores, time.time() - t0, val=val)
@@ -334,7 +336,7 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
                 loaded = (start, checkpoint.load_params(ctx.checkpoints.path(f"stage:{start}"), ctx.abstract_params))
             ctx.start_stage = start
             kind = kinds.get(stage.kind)
-            refs = kind.teacher_refs(stage) if kind.teacher_refs else None
+            refs = _teacher_refs(stage)
             teacher_stages = {d: f"stage:{ctx.checkpoints.stage_of(r)}" for d, r in refs.items()} if refs else None
             t0 = time.time()
             params = kind.run(ctx, name, stage, loaded[1])
@@ -342,8 +344,8 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
             checkpoint.save_params(path, params)
             train_s = time.time() - t0
             reuse = not kind.trains_policy and start is not None
-            scores, items = (_scores_of(ctx, start), None) if reuse else evaluate_all(ctx, params)
-            val = _scores_of(ctx, start, "val") if reuse else evaluate_all(ctx, params, "val")[0]
+            scores, val, items = ((_scores_of(ctx, start), _scores_of(ctx, start, "val"), None) if reuse
+                                  else _evaluate_and_keep_items(ctx, name, params))
             # `best:<domain>` is chosen on validation scores, never on the test split the tables report
             ctx.checkpoints.add_stage(name, path, _pass1(val), stage.side_branch, started_from=start)
             extra = {"val": val, "train_wall_s": train_s, "side_branch": bool(stage.side_branch),
@@ -352,7 +354,6 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
                 rows = [r for r in load_metrics(os.path.join(workdir, "metrics.jsonl")) if r["stage"] == name]
                 extra["stage_eval"] = {k: v for k, v in rows[-1].items() if k.startswith("eval/")} if rows else {}
             if items is not None:  # paired against what the stage started from (RUN_OUTPUT.md: paired differences)
-                _save_item_scores(ctx, name, items)
                 before = start or ("init" if ctx.log.summary.get("init") else None)
                 extra["paired_vs_start"] = _paired_gains(ctx, before, items)
             if teacher_stages:

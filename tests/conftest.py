@@ -51,3 +51,13 @@ def final_params(workdir, stage):
     with checkpoint.ocp.StandardCheckpointer() as ckptr:
         return ckptr.restore(os.path.join(workdir, "checkpoints", "final", stage))
 
+
+
+def logged(tx):
+    """`tx` behind the optax link that records the gradient norm: the steps report `grad_norm` from the chain's
+    record (`optim.logged`), as `optim.make_optimizer` builds it, and its max_norm 0 leaves `tx` unchanged."""
+    import optax
+
+    from nemocascade import optim
+
+    return optax.chain(optim.clip_by_global_norm_logged(0), tx)

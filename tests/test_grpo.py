@@ -14,6 +14,8 @@ from nemocascade.rl import filters, update
 from nemocascade.rl.rollouts import RolloutSource
 from nemocascade.stages import common, grpo, onpolicy
 
+from conftest import logged
+
 CFG = ModelConfig(vocab_size=17, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32)
 
 
@@ -41,7 +43,7 @@ def _update_fn(stage, tx, cfg=CFG):
 
 
 def _step(stage, batch, tx=None, params=None):
-    tx = tx or optax.sgd(1.0)
+    tx = logged(tx or optax.sgd(1.0))
     params = params if params is not None else init_params(CFG, jax.random.key(0))
     state = train_state.create(params, tx, jax.random.key(0))
     return _update_fn(stage, tx)(state, {**batch, "domain_idx": np.zeros(len(batch["tokens"]), np.int32)})
@@ -153,7 +155,7 @@ def test_kl_term_gradient_equals_hand_k3():
     params = init_params(CFG, jax.random.key(2))
     ref = init_params(CFG, jax.random.key(3))
     stage = _stage(objective=dict(pg=0.0, kl=0.5, entropy=0.0))
-    tx = optax.sgd(1.0)
+    tx = logged(optax.sgd(1.0))
     state = train_state.create(params, tx, jax.random.key(0))
     batch["domain_idx"] = np.zeros(4, np.int32)
     roles = update.FrozenRoles(CFG, {"ref_logp"}, reference=ref)
@@ -203,7 +205,7 @@ def test_grpo_learns_a_verifiable_toy_reward():
 
     cfg = ModelConfig(vocab_size=16, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
     stage = _stage(group_size=8)
-    tx = optax.adam(1e-2)
+    tx = logged(optax.adam(1e-2))
     state = train_state.create(init_params(cfg, jax.random.key(0)), tx, jax.random.key(0))
     step = _update_fn(stage, tx, cfg)
     prompts = jnp.asarray(np.random.default_rng(0).integers(1, 16, (8, 4)), jnp.int32)

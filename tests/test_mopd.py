@@ -13,6 +13,8 @@ from nemocascade.models import ModelConfig, forward, init_params
 from nemocascade.rl import update
 from nemocascade.stages import common, mopd
 
+from conftest import logged
+
 CFG = ModelConfig(vocab_size=13, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32)
 LR = 0.1
 
@@ -42,7 +44,7 @@ def _setup(stage, seed=0):
     on-policy update, as the stage loop runs them. Rows of domain i ("math", "if") get teacher i."""
     params = init_params(CFG, jax.random.key(seed))
     teacher_params = (init_params(CFG, jax.random.key(10)), init_params(CFG, jax.random.key(11)))
-    tx = optax.sgd(LR)
+    tx = logged(optax.sgd(LR))
     state = train_state.create(params, tx, jax.random.key(0))
     objective = objectives.build(stage.objective, stage.aggregation, stage)
     update_fn = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=CFG, tx=tx, objective=objective,

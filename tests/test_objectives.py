@@ -16,6 +16,8 @@ from nemocascade.models import ModelConfig, init_params
 from nemocascade.rl import update
 from nemocascade.stages import common, onpolicy
 
+from conftest import logged
+
 CFG = ModelConfig(vocab_size=11, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32)
 SETTINGS = {"kl_estimator": "k3", "is_low": 0.5, "is_high": 2.0, "gjsd_beta": 0.3}
 
@@ -100,7 +102,7 @@ def _run(spec, aggregation, micro_batches=1, tx=None, split_terms=False, steps=1
     roles = update.FrozenRoles(CFG, objective.needs, reference=init_params(CFG, jax.random.key(1)),
                                teachers=(init_params(CFG, jax.random.key(2)), init_params(CFG, jax.random.key(3))),
                                teacher_of_domain=[0, 1], topk=topk)
-    tx = tx or optax.sgd(1.0)
+    tx = tx or logged(optax.sgd(1.0))
     state = train_state.create(params, tx, jax.random.key(0))
     fn = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=CFG, tx=tx, objective=objective,
                                                    micro_batches=micro_batches, split_terms=split_terms,
@@ -151,7 +153,7 @@ def test_scheduled_weight_follows_its_optax_schedule():
 def test_zero_weight_terms_are_not_in_the_compiled_step():
     def n_eqns(spec):
         objective = objectives.build(spec, "token_mean", SETTINGS)
-        tx = optax.sgd(1.0)
+        tx = logged(optax.sgd(1.0))
         state = train_state.create(init_params(CFG, jax.random.key(0)), tx, jax.random.key(0))
         return len(jax.make_jaxpr(lambda s, b: update.policy_update(s, b, model_cfg=CFG, tx=tx,
                                                                    objective=objective))(state, _batch()).eqns)

@@ -80,15 +80,18 @@ class FrozenRoles:
         return out
 
 
+def _next_token_logits(params, model_cfg, batch):
+    """Logits at every position but the last, aligned with the targets batch["tokens"][:, 1:]."""
+    return forward(params, model_cfg, batch["tokens"][:, :-1], batch["positions"][:, :-1], batch["valid"][:, :-1])
+
+
 def _sampled_logp(model_cfg, params, batch):
-    logits = forward(params, model_cfg, batch["tokens"][:, :-1], batch["positions"][:, :-1], batch["valid"][:, :-1])
-    return losses.token_logprobs(logits, batch["tokens"][:, 1:])
+    return losses.token_logprobs(_next_token_logits(params, model_cfg, batch), batch["tokens"][:, 1:])
 
 
 def _teacher_pass(model_cfg, full: bool, topk: int, params, batch, rows, acc):
     """This teacher's values on `rows` (bool [N]), the accumulated other teachers' values elsewhere."""
-    logits = forward(params, model_cfg, batch["tokens"][:, :-1], batch["positions"][:, :-1], batch["valid"][:, :-1])
-    logp_all = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+    logp_all = jax.nn.log_softmax(_next_token_logits(params, model_cfg, batch).astype(jnp.float32), -1)
     new = {"teacher_logp": jnp.take_along_axis(logp_all, batch["tokens"][:, 1:, None], -1)[..., 0]}
     if full and topk:
         new["teacher_logits"], new["teacher_support"] = jax.lax.top_k(logp_all, topk)
@@ -120,7 +123,7 @@ def policy_update(state, batch, *, model_cfg, tx, objective, micro_batches: int 
     weights = objective.weights(state.step)
 
     def weighted_terms(params, b):
-        logits = forward(params, model_cfg, b["tokens"][:, :-1], b["positions"][:, :-1], b["valid"][:, :-1])
+        logits = _next_token_logits(params, model_cfg, b)
         x = {**b, "logits": logits, "logp": losses.token_logprobs(logits, b["tokens"][:, 1:])}
         values, metrics = objective.term_losses(x, normalizer, n_tok)
         metrics |= {f"term/{k}": v for k, v in values.items()} | _diagnostics(x, n_tok, domains, domain_tokens)
@@ -147,13 +150,9 @@ def policy_update(state, batch, *, model_cfg, tx, objective, micro_batches: int 
         (loss, metrics, grads), _ = jax.lax.scan(lambda c, b: (jax.tree.map(jnp.add, c, grads_of(b)), None),
                                                  zeros, split)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    recorded = optim.logged(opt_state)
-    if "grad_norm" not in recorded:  # a bare optax transformation (tests): the norm of the summed gradient
-        recorded["grad_norm"] = optax.global_norm(grads if not split_terms else jax.tree.map(
-            lambda *g: sum(g), *grads.values()))
     new_params = optax.apply_updates(state.params, updates)
     pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(keep, a, b), new, old)  # noqa: E731
-    metrics = {**metrics, **recorded, "loss": loss} | {f"weight/{k}": w for k, w in weights.items()}
+    metrics = {**metrics, **optim.logged(opt_state), "loss": loss} | {f"weight/{k}": w for k, w in weights.items()}
     return state.replace(step=state.step + 1, params=pick(new_params, state.params),
                          opt_state=pick(opt_state, state.opt_state)), metrics
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from nemocascade import checkpoint, losses
+from nemocascade import checkpoint, losses, optim
 from nemocascade.data import pipeline
 from nemocascade.models import reward_model
 from nemocascade.models.transformer import left_pad_positions
@@ -79,7 +79,7 @@ def rm_step(state, batch, *, model_cfg, tx, margin):
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+    metrics = {**metrics, "loss": loss, **optim.logged(opt_state)}  # grad_norm, clipped: the chain's record
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 

@@ -16,7 +16,7 @@ import time
 import jax
 import optax
 
-from nemocascade import losses, train_state
+from nemocascade import losses, optim, train_state
 from nemocascade.data import pipeline
 from nemocascade.models import forward
 from nemocascade.stages import common
@@ -67,7 +67,7 @@ def sft_step(state: train_state.TrainState, batch, *, model_cfg, tx):
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {**metrics, "loss": loss, "grad_norm": optax.global_norm(grads)}
+    metrics = {**metrics, "loss": loss, **optim.logged(opt_state)}  # grad_norm, clipped: the chain's record
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
