@@ -61,6 +61,11 @@ def validate(cfg) -> None:
     for key in ("batch_size", "max_prompt_len", "max_new_tokens"):
         if cfg.eval[key] <= 0:
             raise BadInput(f"config.eval.{key} must be > 0, got {cfg.eval[key]}")
+    if cfg.eval.get("avg_k", 0) < 0 or not cfg.eval.get("temperature", 1.0) > 0 or not (
+            0 < cfg.eval.get("top_p", 1.0) <= 1):
+        raise BadInput(f"config.eval: avg_k must be >= 0 (0: greedy only), temperature > 0 and 0 < top_p <= 1; got "
+                       f"avg_k={cfg.eval.get('avg_k', 0)}, temperature={cfg.eval.get('temperature', 1.0)}, "
+                       f"top_p={cfg.eval.get('top_p', 1.0)}")
     for set_name in cfg.eval.get("sets", {}):
         if set_name not in evaluation.EVAL_SETS:
             raise BadInput(f"config.eval.sets.{set_name}: unknown evaluation set; "
@@ -215,10 +220,12 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test") -> tuple[d
     (summary eval {name: {"pass@1", "n", "ci95", ...}}, per-item scores {name: [score per item]})."""
     out = {}
     n = ctx.cfg.eval.n if split == "test" else ctx.cfg.eval.get("val_n", VAL_N)
+    sampled = dict(avg_k=ctx.cfg.eval.get("avg_k", 0), temperature=ctx.cfg.eval.get("temperature", 1.0),
+                   top_p=ctx.cfg.eval.get("top_p", 1.0)) if split == "test" else {}  # avg@k: test tables only
     for i, domain in enumerate(ctx.cfg.data.domains):
         records = ctx.records(domain, split, n or None)
         out[domain] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,
-                                          rng=jax.random.key(i), **common.eval_settings(ctx, domain))
+                                          rng=jax.random.key(i), **common.eval_settings(ctx, domain), **sampled)
     for name, sc in ctx.cfg.eval.get("sets", {}).items() if split == "test" else ():
         settings = common.eval_settings(ctx) | {k: sc[k] for k in ("max_prompt_len", "max_new_tokens") if k in sc}
         if name not in ctx.eval_sets:

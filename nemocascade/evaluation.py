@@ -64,17 +64,33 @@ def score_texts(pool, texts, records, rewards: dict | None = None) -> tuple[list
 
 
 def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_prompt_len,
-             max_new_tokens, rng, thinking=True, mesh=None):
+             max_new_tokens, rng, thinking=True, mesh=None, avg_k=0, temperature=1.0, top_p=1.0):
     """Greedy pass@1 on `records` (each scored by its own domain's reward). Returns {"pass@1", "n", "ci95" (95%
     interval of the mean, `stats.mean_ci95`), "mean_len", "scores" (per record, in order: for paired comparisons)}
     and the verifier failure counts of `score_texts` (a score of 0 that a timeout or a verifier bug produced is
-    then visible in summary.json, not only in the training metrics)."""
+    then visible in summary.json, not only in the training metrics).
+
+    With `avg_k` > 0 also avg@k: `avg_k` samples per record at `temperature` / `top_p` (the RL stages' sampling
+    settings), each record's mean score, then their mean over records ("avg@k", "k", "avg@k_ci95": the interval
+    over records, whose k-sample means are the independent units)."""
     texts, lengths = generate(params, model_cfg, tokenizer, records, batch_size=batch_size,
                      max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens, rng=rng,
                      thinking=thinking, mesh=mesh)
     scores, counts = score_texts(pool, texts, records)
-    return {"pass@1": float(np.mean(scores)) if scores else 0.0, "n": len(records), "ci95": stats.mean_ci95(scores),
-            "mean_len": float(np.mean(lengths)) if lengths else 0.0, "scores": [float(s) for s in scores], **counts}
+    out = {"pass@1": float(np.mean(scores)) if scores else 0.0, "n": len(records), "ci95": stats.mean_ci95(scores),
+           "mean_len": float(np.mean(lengths)) if lengths else 0.0, "scores": [float(s) for s in scores], **counts}
+    if avg_k > 0 and records:
+        # k samples per record share one batch row budget: batch_size // k records a batch (>= 1)
+        texts, _ = generate(params, model_cfg, tokenizer, records, batch_size=max(1, batch_size // avg_k),
+                            max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens,
+                            rng=jax.random.fold_in(rng, 1), thinking=thinking, greedy=False,
+                            temperature=temperature, top_p=top_p, num_samples=avg_k, mesh=mesh)
+        sampled, sampled_counts = score_texts(pool, texts, [r for r in records for _ in range(avg_k)])
+        per_record = np.asarray(sampled, np.float64).reshape(len(records), avg_k).mean(axis=1)
+        out |= {"avg@k": float(per_record.mean()), "k": int(avg_k), "avg@k_ci95": stats.mean_ci95(per_record)}
+        for key, v in sampled_counts.items():
+            out[key] += v
+    return out
 
 
 # Real evaluation sets any config can name in `config.eval.sets` (name -> settings), evaluated after every

@@ -22,7 +22,9 @@ def math_base(name: str) -> ml_collections.ConfigDict:
     c.data.data_dir = ""
     c.data.domains = ml_collections.ConfigDict()
     c.data.domains.math = dict(num_train=20_000, num_test=500, opts=dict(teacher_error_rate=0.0))
-    c.eval = dict(n=500, val_n=200, batch_size=128, max_prompt_len=64, max_new_tokens=112)  # val_n: validation items
+    # n test items, val_n validation items per domain; avg@k on test: avg_k samples at the RL stages' temperature
+    c.eval = dict(n=500, val_n=200, batch_size=128, max_prompt_len=64, max_new_tokens=112, avg_k=4, temperature=1.0,
+                  top_p=1.0)
     c.reward = dict(num_workers=2, timeout_s=5.0)
     c.stages = ml_collections.ConfigDict()  # name -> stage config; run order is c.stage_order
     c.stage_order = ()
@@ -50,13 +52,55 @@ def multi_base(name: str, domains: dict[str, dict]) -> ml_collections.ConfigDict
     return c
 
 
+# METHOD.md "Paper defaults per stage" (Cascade 2 Tab. 8-10): what a GRPO stage training these domains sets on top
+# of the shared base (no KL, refill up to 3 rounds). Math RL is not in Cascade 2's table (its math teacher is the SFT
+# checkpoint): [ours] no overlong treatment there, as cascade_math has always run.
+PAPER_STAGE = {
+    "if": dict(overlong="penalty"),  # IF-RL: a truncated rollout gets reward 0 and stays in the batch
+    "mcq": dict(overlong="filter"), "json": dict(overlong="filter"), "tool": dict(overlong="filter"),  # multi-domain
+    "pref": dict(overlong="filter", objective=dict(pg=1.0, kl=0.03, entropy=0.0)),  # RLHF: the one stage with KL
+    "longctx": dict(overlong="filter"),
+    "code": dict(overlong="filter", top_p=0.95),
+}
+# Cascade 2's multi-domain RL mix: ~55% STEM multiple choice, 30% tool calling, 15% structured output
+MULTI_DOMAIN_MIX = {"mcq": 0.55, "tool": 0.30, "json": 0.15}
+KL_VARIANT = 0.05  # the `kl` variants' coefficient: KL to each stage's start, as every stage had before issue 14
+
+
 def grpo_stage(domains, steps: int, **kw) -> ml_collections.ConfigDict:
-    """A domain-wise GRPO stage as cascade_math's (16 x 8, dynamic filter, KL 0.05 to the stage's start, warm-up
-    from 0.1x); `kw` overrides any key."""
+    """A domain-wise GRPO stage with the paper's defaults for its domains (`PAPER_STAGE`, the multi-domain mix):
+    16 x 8, dynamic filter with up to 3 sampling rounds to refill it, no KL, warm-up from 0.1x; `kw` overrides
+    any key (a departure a toy needs belongs in a named variant, e.g. `kl_variant`)."""
     base = dict(prompts_per_step=16, group_size=8, length_curriculum=((0, 112),), checkpoint_every=20,
-                eval_every=20, eval_n=64, dynamic_filter=True, refill_rounds=1,
-                objective=dict(pg=1.0, kl=0.05, entropy=0.0), kl_estimator="k3",
+                eval_every=20, eval_n=64, dynamic_filter=True, refill_rounds=3,
+                objective=dict(pg=1.0, kl=0.0, entropy=0.0), kl_estimator="k3",
                 optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
                            grad_clip=1.0))
+    paper = [PAPER_STAGE[d] for d in domains if d in PAPER_STAGE]
+    for d in paper:
+        base |= d
+    mix = {d: w for d, w in MULTI_DOMAIN_MIX.items() if d in domains}
+    if len(domains) > 1 and len(mix) == len(domains):
+        base["mix"] = mix
     kw["optim"] = base["optim"] | dict(kw.get("optim", {}))  # override single optimiser keys, keep the rest
     return common.stage_config("grpo", grpo.DEFAULTS, domains=list(domains), steps=steps, **(base | kw))
+
+
+def variants(config: str, arg: str | None, known: tuple[str, ...]) -> set[str]:
+    """The comma-separated variant tags of `arg` (`"tiny,kl"` -> {"tiny", "kl"}); an unknown tag is an error
+    naming the known ones."""
+    tags = {t for t in (arg or "").split(",") if t}
+    unknown = sorted(tags - set(known))
+    if unknown:
+        raise ValueError(f"{config}: unknown variant {','.join(unknown)!r}; known: {', '.join(known)} "
+                         "(combine with commas, e.g. tiny,kl)")
+    return tags
+
+
+def kl_variant(c: ml_collections.ConfigDict, coef: float = KL_VARIANT) -> None:
+    """The named `kl` departure: KL `coef` to its start in every GRPO stage that the paper runs without KL (RLHF
+    keeps its 0.03). A tiny model may need it for stability; it also damps forgetting, so regression tables from
+    it are not the paper's."""
+    for stage in c.stages.values():
+        if stage.kind == "grpo" and stage.objective.get("kl", 0.0) == 0.0:
+            stage.objective.kl = coef

@@ -122,7 +122,7 @@ def stage_rewards(stage) -> dict:
 def prompt_stream(ctx: RunContext, name: str, stage):
     """(iterator of `stage.prompts_per_step` train records of the stage's domains, records per epoch) for an
     RL stage; seeded by the stage's index so each stage of a run sees its own order."""
-    source = mixture_source(ctx, stage.domains, "train")
+    source = mixture_source(ctx, stage.domains, "train", stage.get("mix"))
     batches = pipeline.prompt_dataset(source, stage.prompts_per_step, seed=ctx.cfg.seed + stage_index(ctx, name))
     return iter(batches), len(source)
 

@@ -33,6 +33,7 @@ from nemocascade.stages import common
 
 DEFAULTS = dict(
     max_prompt_len=0,  # 0: config.eval.max_prompt_len; long-context stages raise it
+    mix={},  # domain -> weight of its share of the prompt stream (unnamed domains weigh 1; {} = equal shares)
     prompts_per_step=16, group_size=8, micro_batches=1,
     max_new_tokens=96,  # response budget; `length_curriculum` ((start_step, max_new_tokens), ...) overrides it
     length_curriculum=(),  # in sub-stages, C1 math RL style
