@@ -127,10 +127,10 @@ def _validate_stage(cfg, name, stage, earlier, batch_axis) -> None:
     for key, ref in refs.items():
         prefix, _, target = ref.partition(":")
         ok = ((prefix == "stage" and (target in earlier or (target == "init" and cfg.get("eval_init"))))
-              or (prefix == "best" and target in cfg.data.domains))
+              or (prefix == "best" and target and all(d in cfg.data.domains for d in target.split("+"))))
         if not ok:
             raise BadInput(f"{at}.{key}={ref!r}: expected 'stage:<an earlier stage>' (earlier: {earlier}; "
-                           f"'stage:init' with config.eval_init) or 'best:<domain>' "
+                           f"'stage:init' with config.eval_init), 'best:<domain>' or 'best:<domain>+<domain>...' "
                            f"(domains: {sorted(cfg.data.domains)})")
     if stage.get("mix"):
         unknown, nonpositive = common.bad_mix_weights(stage.domains, stage.mix)

@@ -7,6 +7,9 @@ advancing the main line, e.g. Cascade 2's RLHF teacher trained from SFT). Names:
     stage:<name>     the final params of stage <name> (main line or side branch)
     best:<domain>    the stage whose validation score on <domain> is the highest so far (ties keep the
                      earlier stage: Cascade 2's math teacher is the SFT checkpoint, not a later equal one)
+    best:<d1>+<d2>   the stage whose mean validation score over those domains is the highest so far (ties keep
+                     the earlier): one teacher for several domains, as Cascade 2's multi-domain teacher (the
+                     best checkpoint after IF-RL and multi-domain RL serves IF, MCQ, tool calling and JSON)
 
 Stages are evaluated on every domain when they end (``cascade.evaluate_all``); their *validation* scores
 decide ``best:*`` (the test split only reports, so no winner's curse in a distilled stage's test row). The
@@ -60,6 +63,16 @@ class NamedCheckpoints:
             return ref[len(STAGE):]
         if ref.startswith(BEST) and ref[len(BEST):] in self.data["best"]:
             return self.data["best"][ref[len(BEST):]]["stage"]
+        if ref.startswith(BEST) and "+" in ref:
+            domains = ref[len(BEST):].split("+")
+            best, best_mean = None, None
+            for name, entry in self.data["stages"].items():  # insertion order: ties keep the earlier stage
+                if all(d in entry["scores"] for d in domains):
+                    mean = sum(entry["scores"][d] for d in domains) / len(domains)
+                    if best is None or mean > best_mean:
+                        best, best_mean = name, mean
+            if best is not None:
+                return best
         hint = "" if ref.startswith((STAGE, BEST)) else f" (names start with {STAGE!r} or {BEST!r})"
         raise KeyError(f"no checkpoint named {ref!r}{hint}; known so far: {self.names() or 'none'}")
 

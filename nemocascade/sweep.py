@@ -2,6 +2,7 @@
 
     sweep = aggregate(config, variant, {seed: summary})
     sweep["stages"][i]["eval"][domain] = {"mean", "ci95", "n_seeds", "per_seed"}   (ci95: Student t across seeds)
+    sweep["stages"][i]["avg@k"][domain] = the same for avg@k               (when the runs measured it)
     sweep["paired"] = [{"from", "to", "domain", "mean_gain", "ci95", "per_seed"}]  (each stage minus its start)
 
 The runs themselves are `experiments/run.py` processes (`experiments/sweep.py` starts them); this module only
@@ -30,6 +31,10 @@ def aggregate(config: str, variant: str | None, summaries: dict[int, dict]) -> d
         domains = list(dict.fromkeys(d for s in present for d in by_seed[s][name]["eval"]))
         stages.append({"name": name, "eval": {d: _over_seeds([by_seed[s][name]["eval"][d]["pass@1"] for s in present
                                                               if d in by_seed[s][name]["eval"]]) for d in domains}})
+        avg = {d: [by_seed[s][name]["eval"][d]["avg@k"] for s in present
+                   if "avg@k" in by_seed[s][name]["eval"].get(d, {})] for d in domains}
+        if any(avg.values()):  # avg@k at the sampling temperature, where the runs measured it
+            stages[-1]["avg@k"] = {d: _over_seeds(v) for d, v in avg.items() if v}
         starts = {by_seed[s][name].get("started_from") or ("init" if "init" in by_seed[s] and name != "init" else None)
                   for s in present}
         start = starts.pop() if len(starts) == 1 else None
@@ -59,6 +64,12 @@ def table_markdown(sweep: dict) -> str:
              "| stage | " + " | ".join(domains) + " |", "|:--|" + "--:|" * len(domains)]
     for s in sweep["stages"]:
         lines.append(f"| {s['name']} | " + " | ".join(_cell(s["eval"].get(d)) for d in domains) + " |")
+    if any("avg@k" in s for s in sweep["stages"]):
+        lines += ["", "avg@k at the sampling temperature (k samples per item), mean over seeds [95% interval]:", "",
+                  "| stage | " + " | ".join(domains) + " |", "|:--|" + "--:|" * len(domains)]
+        for s in sweep["stages"]:
+            if "avg@k" in s:
+                lines.append(f"| {s['name']} | " + " | ".join(_cell(s["avg@k"].get(d)) for d in domains) + " |")
     if sweep["paired"]:
         lines += ["", f"paired gain over the stage's start, per seed then averaged (n={n} seeds):", "",
                   "| from -> to | domain | gain | 95% interval |", "|:--|:--|--:|--:|"]

@@ -155,6 +155,12 @@ def test_registry_best_per_domain_keeps_the_earlier_stage_on_ties(tmp_path):
         reg.stage_of("best:code")
     with pytest.raises(KeyError, match="start with"):
         reg.stage_of("sft")
+    # one teacher for several domains: the best mean (sft 0.35, ifrl 0.55, rlhf 0.55: the tie keeps ifrl)
+    assert reg.stage_of("best:math+if") == "ifrl"
+    reg.add_stage("later", "/p/later", {"math": 0.6, "if": 0.52})  # mean 0.56
+    assert reg.stage_of("best:if+math") == "later"
+    with pytest.raises(KeyError, match="best:math\\+code"):
+        reg.stage_of("best:math+code")  # no stage scored code
 
 
 def test_manifest_refuses_a_resume_with_another_teacher(tmp_path):

@@ -37,6 +37,19 @@ def test_aggregate_means_intervals_and_paired_gains_by_hand():
     assert "| sft | 55.0 [" in table and "| sft -> grpo | math | +16.7 |" in table
 
 
+def test_aggregate_carries_avg_at_k_where_measured():
+    runs = {0: _summary(0.5, 0.7), 1: _summary(0.6, 0.8)}
+    runs[0]["stages"][1]["eval"]["math"]["avg@k"] = 0.6
+    runs[1]["stages"][1]["eval"]["math"]["avg@k"] = 0.7
+    out = sweep.aggregate("cascade_math", None, runs)
+    assert "avg@k" not in out["stages"][0]  # sft: no run measured it
+    row = out["stages"][1]["avg@k"]["math"]
+    assert row["mean"] == pytest.approx(0.65) and row["per_seed"] == [0.6, 0.7]
+    half = T2 * 0.0707106781 / 2 ** 0.5
+    assert row["ci95"] == pytest.approx([0.65 - half, 0.65 + half])
+    assert "| grpo | 65.0 [" in sweep.table_markdown(out).split("avg@k")[1]
+
+
 def test_aggregate_with_init_a_missing_stage_and_one_seed():
     s1 = _summary(0.5, 0.7, init=0.1)
     s2 = _summary(0.6, 0.8, init=0.3)

@@ -47,8 +47,8 @@ def multi_base(name: str, domains: dict[str, dict]) -> ml_collections.ConfigDict
     c.tokenizer.update(vocab_size=1024, corpus_size=3000)
     c.data.domains = ml_collections.ConfigDict()
     for domain, opts in domains.items():
-        c.data.domains[domain] = dict(num_train=20_000, num_test=300, opts=dict(opts))
-    c.eval.update(n=128, max_prompt_len=96, max_new_tokens=112)
+        c.data.domains[domain] = dict(num_train=20_000, num_test=500, opts=dict(opts))
+    c.eval.update(n=500, max_prompt_len=96, max_new_tokens=112)
     return c
 
 
@@ -76,14 +76,20 @@ def grpo_stage(domains, steps: int, **kw) -> ml_collections.ConfigDict:
                 objective=dict(pg=1.0, kl=0.0, entropy=0.0), kl_estimator="k3",
                 optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
                            grad_clip=1.0))
-    paper = [PAPER_STAGE[d] for d in domains if d in PAPER_STAGE]
-    for d in paper:
-        base |= d
+    base |= paper_settings(domains)
     mix = {d: w for d, w in MULTI_DOMAIN_MIX.items() if d in domains}
     if len(domains) > 1 and len(mix) == len(domains):
         base["mix"] = mix
     kw["optim"] = base["optim"] | dict(kw.get("optim", {}))  # override single optimiser keys, keep the rest
     return common.stage_config("grpo", grpo.DEFAULTS, domains=list(domains), steps=steps, **(base | kw))
+
+
+def paper_settings(domains) -> dict:
+    """The `PAPER_STAGE` settings every one of `domains` shares (a stage over domains that the paper trains
+    apart, e.g. a recovery arm over all of them, takes only what they agree on)."""
+    entries = [PAPER_STAGE.get(d, {}) for d in domains]
+    keys = set().union(*entries)
+    return {k: entries[0][k] for k in keys if all(k in e and e[k] == entries[0][k] for e in entries)}
 
 
 def variants(config: str, arg: str | None, known: tuple[str, ...]) -> set[str]:

@@ -9,6 +9,7 @@ repaired by IF-RL.
 
     python experiments/run.py --config=cascade_c1          # 27 minutes on 2 CPU cores (measured)
     python experiments/run.py --config=cascade_c1:tiny
+    python experiments/run.py --config=cascade_c1:kl       # the named departure: KL 0.05 in every RL stage but RLHF
 """
 import importlib.util
 import os
@@ -28,6 +29,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.stages.rlhf.update(reward_mode="scalar", conciseness_bonus=0.0)  # C1: a scalar BT reward model
     c.stages.math_rl = grpo_stage(["math"], 24, **c2.RL)
     c.stage_order = ("sft", "rm", "rlhf", "if_rl", "math_rl", "code_rl", "swe_agentless", "swe_exec")
-    if arg == "tiny":
-        c2.shrink(c)
+    c2.finish(c, arg)
     return c
