@@ -21,6 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from nemocascade import files, plots  # noqa: E402
+from nemocascade.run_log import load_metrics  # noqa: E402
 from nemocascade import sweep as sweep_lib  # noqa: E402
 
 
@@ -89,7 +90,27 @@ def aggregate(args) -> dict | None:
     files.atomic_write(os.path.join(args.workdir, "sweep_table.md"), table + "\n")
     plots.plot_sweep(sweep, os.path.join(args.workdir, "sweep.png"))
     print(table, flush=True)
+    compare_arms(args, summaries)
     return sweep
+
+
+def compare_arms(args, summaries: dict) -> None:
+    """When the config compares arms from one checkpoint (`config.compare`: cascade_demo, mopd_vs_grpo) and some
+    seed finished them: DIR/arms.json, arms_table.md and arms.png (`sweep_lib.arms`, claim (c))."""
+    with open(os.path.join(args.workdir, f"seed_{min(summaries)}", "config.json")) as f:
+        cmp = json.load(f).get("compare")
+    if not cmp:
+        return
+    metrics = {seed: load_metrics(os.path.join(args.workdir, f"seed_{seed}", "metrics.jsonl")) for seed in summaries}
+    result = sweep_lib.arms(summaries, metrics, tuple(cmp["stages"]), cmp["start_stage"])
+    if not result["domains"]:
+        print(f"[sweep] arms {cmp['stages']}: no seed has finished them with a regressed domain yet", flush=True)
+        return
+    files.atomic_write(os.path.join(args.workdir, "arms.json"), json.dumps(result, indent=1))
+    table = sweep_lib.arms_markdown(result)
+    files.atomic_write(os.path.join(args.workdir, "arms_table.md"), table + "\n")
+    plots.plot_arms(result, os.path.join(args.workdir, "arms.png"))
+    print(table, flush=True)
 
 
 def main(argv):

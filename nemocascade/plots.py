@@ -201,3 +201,29 @@ def plot_sweep(sweep: dict, out_png: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     _save(fig, out_png)
+
+
+def plot_arms(result: dict, out_png: str) -> None:
+    """One panel per regressed domain: each arm's validation curve (mean over seeds, 95% band across seeds) from
+    the shared start, and the teacher's validation score as a dashed line (`sweep.arms`)."""
+    domains = list(result["domains"])
+    if not domains:
+        raise ValueError("no regressed domain to plot: the start was within reach of every teacher")
+    fig = Figure(figsize=(3.6 * len(domains), 3.4), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(domains)))
+    for ax, d in zip(axes, domains):
+        entry = result["domains"][d]
+        for i, arm in enumerate(result["arms"]):
+            c = entry[arm]["curve"]
+            x, mean = np.array(c["steps"], float), 100 * np.array(c["mean"])
+            lo = np.array([100 * ci[0] if ci else m for ci, m in zip(c["ci95"], c["mean"])], float)
+            hi = np.array([100 * ci[1] if ci else m for ci, m in zip(c["ci95"], c["mean"])], float)
+            ax.plot(x, mean, marker="o", color=f"C{i}", label=arm)
+            ax.fill_between(x, lo, hi, color=f"C{i}", alpha=0.15)
+        ax.axhline(100 * entry["teacher_val"], color="k", ls="--", lw=1, label="teacher")
+        ax.set_title(f"{d} (n={len(entry['seeds'])} seeds)")
+        ax.set_xlabel(f"step from {result['start']}")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("validation pass@1 (%)")
+    axes[0].legend(fontsize=8)
+    _save(fig, out_png)

@@ -85,3 +85,83 @@ def _cell(row) -> str:
     if row["ci95"] is None:
         return f"{100 * row['mean']:.1f}"
     return f"{100 * row['mean']:.1f} [{100 * row['ci95'][0]:.1f}, {100 * row['ci95'][1]:.1f}]"
+
+
+def arms(summaries: dict[int, dict], metrics: dict[int, list[dict]], stages: tuple[str, ...], start: str,
+         within: float = 0.01) -> dict:
+    """Recovery arms from one checkpoint across seeds (claim (c): MOPD against GRPO from the same regressed student).
+
+    `summaries` / `metrics`: seed -> summary.json / metrics.jsonl rows; `stages`: the arms (side branches or the
+    main line, all started from `start`); the teacher of each domain is the teacher a distilling arm names (its
+    `teacher_scores`, on validation). Per seed and domain, a domain counts as *regressed* when `start` scores more
+    than `within` under its teacher on validation. For each arm and regressed domain: the validation curve
+    (`start`'s score at step 0, then the arm's quick evals), the first step within `within` of the teacher (None:
+    never), and the arm's final test score against the teacher's test score. Returns
+    {"arms", "start", "within", "domains": {domain: {"seeds": [...], "teacher_val": mean, per arm: {
+     "curve": {"steps", "mean", "ci95": [[lo, hi] | None per step]}, "steps_to_teacher": [per seed],
+     "final_test": {"mean", "ci95", ...}, "final_gap_test": {"mean", "ci95", ...}}}}}.
+    """
+    teacher_arm = next((a for a in stages if any(s["name"] == a and s.get("teacher_scores")
+                                                 for summary in summaries.values() for s in summary["stages"])), None)
+    if teacher_arm is None:
+        raise ValueError(f"none of the arms {stages} distils from teachers (no teacher_scores in any summary)")
+    out = {"arms": list(stages), "start": start, "within": within, "domains": {}}
+    per_domain: dict = {}
+    for seed in sorted(summaries):
+        by_name = {s["name"]: s for s in summaries[seed]["stages"]}
+        if start not in by_name or not all(a in by_name for a in stages):
+            continue  # this seed has not finished every arm
+        distil = by_name[teacher_arm]
+        teacher_test = {d: by_name[t.partition(":")[2]]["eval"][d]["pass@1"] for d, t in distil["teachers"].items()}
+        for d, t_val in distil["teacher_scores"].items():
+            s_val = by_name[start]["val"][d]["pass@1"]
+            if t_val - s_val <= within:
+                continue
+            row = per_domain.setdefault(d, {"seeds": [], "teacher_val": [], **{a: [] for a in stages}})
+            row["seeds"].append(seed)
+            row["teacher_val"].append(t_val)
+            for a in stages:
+                pts = [(0, s_val)] + [(r["step"] + 1, r[f"eval/{d}/pass@1"]) for r in metrics[seed]
+                                      if r["stage"] == a and f"eval/{d}/pass@1" in r]
+                reached = next((step for step, v in pts if v >= t_val - within), None)
+                final = by_name[a]["eval"][d]["pass@1"]
+                row[a].append({"curve": pts, "steps_to_teacher": reached, "final_test": final,
+                               "final_gap_test": teacher_test[d] - final})
+    for d, row in per_domain.items():
+        entry = {"seeds": row["seeds"], "teacher_val": float(np.mean(row["teacher_val"]))}
+        for a in stages:
+            runs = row[a]
+            steps = sorted({s for r in runs for s, _ in r["curve"]})
+            values = [[dict(r["curve"]).get(s) for r in runs] for s in steps]
+            entry[a] = {
+                "curve": {"steps": steps, "mean": [float(np.mean([v for v in vs if v is not None])) for vs in values],
+                          "ci95": [stats.seeds_ci95([v for v in vs if v is not None]) for vs in values]},
+                "steps_to_teacher": [r["steps_to_teacher"] for r in runs],
+                "final_test": _over_seeds([r["final_test"] for r in runs]),
+                "final_gap_test": _over_seeds([r["final_gap_test"] for r in runs])}
+        out["domains"][d] = entry
+    return out
+
+
+def arms_markdown(result: dict) -> str:
+    """Per regressed domain and arm: seeds in which it regressed, steps to come within `within` of the teacher
+    (validation; per seed, '-' = never), final test score and gap to the teacher with intervals. No trailing
+    newline."""
+    w = 100 * result["within"]
+    lines = [f"arms from {result['start']}: steps to within {w:g} point(s) of the teacher (validation quick evals), "
+             "final test score and the teacher's test score minus it, mean over seeds [95% interval]", "",
+             "| domain | arm | seeds | steps to teacher (per seed) | final test | gap to teacher |",
+             "|:--|:--|--:|:--|--:|--:|"]
+    for d, entry in result["domains"].items():
+        for a in result["arms"]:
+            e = entry[a]
+            steps = ", ".join("-" if s is None else str(s) for s in e["steps_to_teacher"])
+            lines.append(f"| {d} | {a} | {len(entry['seeds'])} | {steps} | {_cell(e['final_test'])} | "
+                         f"{_signed(e['final_gap_test'])} |")
+    return "\n".join(lines)
+
+
+def _signed(row) -> str:
+    if row["ci95"] is None:
+        return f"{100 * row['mean']:+.1f}"
+    return f"{100 * row['mean']:+.1f} [{100 * row['ci95'][0]:+.1f}, {100 * row['ci95'][1]:+.1f}]"

@@ -80,3 +80,43 @@ def test_sweep_cli_runs_seeds_in_parallel_resumes_and_aggregates(tmp_path):
     assert again.returncode == 0 and json.load(open(wd / "sweep.json")) == out
     bad = subprocess.run(cmd[:3] + ["--seeds=0,0", f"--workdir={wd}"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "none twice" in bad.stderr
+
+
+def _arms_run(start_val, teacher_val, mopd_curve, grpo_curve, finals, teacher_test=0.8):
+    """A seed's summary and metrics: `start` -> arms mopd (teacher stage `t`) and grpo_arm, math only."""
+    summary = {"stages": [
+        {"name": "t", "eval": {"math": {"pass@1": teacher_test}}, "val": {"math": {"pass@1": teacher_val}}},
+        {"name": "start", "eval": {"math": {"pass@1": 0.5}}, "val": {"math": {"pass@1": start_val}}},
+        {"name": "mopd", "eval": {"math": {"pass@1": finals[0]}}, "teachers": {"math": "stage:t"},
+         "teacher_scores": {"math": teacher_val}, "started_from": "start"},
+        {"name": "grpo_arm", "eval": {"math": {"pass@1": finals[1]}}, "started_from": "start"}]}
+    rows = [{"stage": a, "step": 4 * i + 3, "eval/math/pass@1": v}
+            for a, curve in (("mopd", mopd_curve), ("grpo_arm", grpo_curve)) for i, v in enumerate(curve)]
+    return summary, rows
+
+
+def test_arms_steps_to_teacher_curves_and_final_gaps_by_hand():
+    s0, m0 = _arms_run(0.60, 0.70, [0.66, 0.695, 0.70], [0.62, 0.64, 0.70], (0.78, 0.74))
+    s1, m1 = _arms_run(0.58, 0.72, [0.70, 0.71, 0.72], [0.60, 0.61, 0.62], (0.76, 0.70))
+    s2, m2 = _arms_run(0.70, 0.705, [0.7] * 3, [0.7] * 3, (0.8, 0.8))  # within 1 point: not regressed, left out
+    out = sweep.arms({0: s0, 1: s1, 2: s2}, {0: m0, 1: m1, 2: m2}, ("mopd", "grpo_arm"), "start")
+    math = out["domains"]["math"]
+    assert math["seeds"] == [0, 1] and math["teacher_val"] == pytest.approx(0.71)
+    # within 1 point of 0.70 (>= 0.69): mopd at its 2nd eval (step 8), grpo at its 3rd (12); seed 1 (>= 0.71):
+    # mopd at step 8, grpo never
+    assert math["mopd"]["steps_to_teacher"] == [8, 8] and math["grpo_arm"]["steps_to_teacher"] == [12, None]
+    assert math["mopd"]["curve"]["steps"] == [0, 4, 8, 12]
+    assert math["mopd"]["curve"]["mean"] == pytest.approx([0.59, 0.68, 0.7025, 0.71])
+    half = T2 * 0.028284271 / 2 ** 0.5  # step 4: values 0.66, 0.70, sample sd 0.028284
+    assert math["mopd"]["curve"]["ci95"][1] == pytest.approx([0.68 - half, 0.68 + half])
+    assert math["mopd"]["final_gap_test"]["per_seed"] == pytest.approx([0.02, 0.04])
+    assert math["grpo_arm"]["final_test"]["mean"] == pytest.approx(0.72)
+    table = sweep.arms_markdown(out)
+    assert "| math | mopd | 2 | 8, 8 | 77.0 [" in table and "| math | grpo_arm | 2 | 12, - | 72.0 [" in table
+
+
+def test_arms_needs_a_distilling_arm():
+    s, m = _arms_run(0.6, 0.7, [0.7], [0.7], (0.7, 0.7))
+    del s["stages"][2]["teacher_scores"]
+    with pytest.raises(ValueError, match="distils from teachers"):
+        sweep.arms({0: s}, {0: m}, ("mopd", "grpo_arm"), "start")
