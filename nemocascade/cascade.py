@@ -213,19 +213,29 @@ def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.Ru
     return ctx
 
 
-def evaluate_all(ctx: common.RunContext, params, split: str = "test") -> tuple[dict, dict]:
+def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None) -> tuple[dict, dict]:
     """Held-out score of every domain of the run (C1's per-stage table), not only the stage's own, on `split`
     (the first `eval.n` test items, or the first `eval.val_n` validation items), and on test also every named
     evaluation set (`config.eval.sets`: name -> {n, max_prompt_len, max_new_tokens}):
-    (summary eval {name: {"pass@1", "n", "ci95", ...}}, per-item scores {name: [score per item]})."""
+    (summary eval {name: {"pass@1", "n", "ci95", ...}}, per-item scores {name: [score per item]}).
+
+    On test, avg@k (`eval.avg_k` samples per item) beside greedy pass@1: for an RL `stage`, on the domains it
+    trained, at its own sampling temperature and top-p (code RL's 0.95); otherwise (SFT, the starting model, a
+    stage that does not sample) on every domain at `eval.temperature` / `eval.top_p`."""
     out = {}
     n = ctx.cfg.eval.n if split == "test" else ctx.cfg.eval.get("val_n", VAL_N)
-    sampled = dict(avg_k=ctx.cfg.eval.get("avg_k", 0), temperature=ctx.cfg.eval.get("temperature", 1.0),
-                   top_p=ctx.cfg.eval.get("top_p", 1.0)) if split == "test" else {}  # avg@k: test tables only
+    e = ctx.cfg.eval
+    sampled, sampled_domains = {}, ()
+    if split == "test" and e.get("avg_k", 0):
+        rl = stage is not None and "temperature" in stage
+        sampled = dict(avg_k=e.avg_k, temperature=stage.temperature if rl else e.get("temperature", 1.0),
+                       top_p=stage.top_p if rl else e.get("top_p", 1.0))
+        sampled_domains = tuple(stage.domains) if rl else tuple(ctx.cfg.data.domains)
     for i, domain in enumerate(ctx.cfg.data.domains):
         records = ctx.records(domain, split, n or None)
         out[domain] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,
-                                          rng=jax.random.key(i), **common.eval_settings(ctx, domain), **sampled)
+                                          rng=jax.random.key(i), **common.eval_settings(ctx, domain),
+                                          **(sampled if domain in sampled_domains else {}))
     for name, sc in ctx.cfg.eval.get("sets", {}).items() if split == "test" else ():
         settings = common.eval_settings(ctx) | {k: sc[k] for k in ("max_prompt_len", "max_new_tokens") if k in sc}
         if name not in ctx.eval_sets:
@@ -242,10 +252,10 @@ def _item_scores_path(ctx, stage_name: str) -> str:
     return os.path.join(ctx.workdir, "eval_scores", f"{stage_name}.json")
 
 
-def _evaluate_and_keep_items(ctx, stage_name: str, params) -> tuple[dict, dict, dict]:
-    """(test eval, validation eval, per-item test scores) of `params`; the per-item scores also go to
-    eval_scores/<stage_name>.json, for later stages' paired comparisons."""
-    scores, items = evaluate_all(ctx, params)
+def _evaluate_and_keep_items(ctx, stage_name: str, params, stage=None) -> tuple[dict, dict, dict]:
+    """(test eval, validation eval, per-item test scores) of `params` after `stage` (None: the starting model);
+    the per-item scores also go to eval_scores/<stage_name>.json, for later stages' paired comparisons."""
+    scores, items = evaluate_all(ctx, params, stage=stage)
     files.atomic_write(_item_scores_path(ctx, stage_name), json.dumps(items))
     return scores, evaluate_all(ctx, params, "val")[0], items
 
@@ -352,7 +362,7 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
             train_s = time.time() - t0
             reuse = not kind.trains_policy and start is not None
             scores, val, items = ((_scores_of(ctx, start), _scores_of(ctx, start, "val"), None) if reuse
-                                  else _evaluate_and_keep_items(ctx, name, params))
+                                  else _evaluate_and_keep_items(ctx, name, params, stage))
             # `best:<domain>` is chosen on validation scores, never on the test split the tables report
             ctx.checkpoints.add_stage(name, path, _pass1(val), stage.side_branch, started_from=start)
             extra = {"val": val, "train_wall_s": train_s, "side_branch": bool(stage.side_branch),

@@ -11,6 +11,8 @@ def test_cascade_math_tiny_end_to_end(tmp_path, run_cli):
     assert [s["kind"] for s in summary["stages"]] == ["sft", "grpo"]
     for s in summary["stages"]:
         assert set(s["eval"]) == {"math"} and s["eval"]["math"]["n"] == 64
+        e = s["eval"]["math"]  # avg@k beside greedy: 4 samples per item at T=1, a mean of per-item means
+        assert e["k"] == 4 and 0 <= e["avg@k_ci95"][0] <= e["avg@k"] <= e["avg@k_ci95"][1] <= 1
     rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
     grpo = [r for r in rows if r["stage"] == "grpo"]
     assert [r["step"] for r in grpo] == list(range(len(grpo))) and len(grpo) == summary["stages"][1]["steps"]

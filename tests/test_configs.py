@@ -91,3 +91,7 @@ def test_tiny_cascade_runs_end_to_end(name, tmp_path, run_cli):
     assert [s["name"] for s in summary["stages"]] == list(configs.stage_order(cfg))
     for s in summary["stages"]:
         assert set(cfg.data.domains) <= set(s["eval"])
+        stage = cfg.stages[s["name"]]
+        if cfg.eval.avg_k and stage.kind in ("grpo", "mopd", "sft"):  # avg@k: an RL stage's own domains, SFT's all
+            own = set(cfg.data.domains) if stage.kind == "sft" else set(stage.domains)
+            assert {d for d in cfg.data.domains if "avg@k" in s["eval"][d]} == own, s["name"]

@@ -22,7 +22,8 @@ def math_base(name: str) -> ml_collections.ConfigDict:
     c.data.data_dir = ""
     c.data.domains = ml_collections.ConfigDict()
     c.data.domains.math = dict(num_train=20_000, num_test=500, opts=dict(teacher_error_rate=0.0))
-    # n test items, val_n validation items per domain; avg@k on test: avg_k samples at the RL stages' temperature
+    # n test items, val_n validation items per domain; avg@k on test: avg_k samples per item, after an RL stage on
+    # its own domains at its temperature / top-p, after SFT on every domain at eval.temperature / top_p
     c.eval = dict(n=500, val_n=200, batch_size=128, max_prompt_len=64, max_new_tokens=112, avg_k=4, temperature=1.0,
                   top_p=1.0)
     c.reward = dict(num_workers=2, timeout_s=5.0)
