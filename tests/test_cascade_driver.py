@@ -100,6 +100,11 @@ def test_validate_names_bad_handoff_keys():
     c.stages.distil.teachers.math = "best:code"
     with pytest.raises(ValueError, match="teachers.math='best:code'"):
         cascade.validate(c)
+    c.stages.distil.teachers.math = "best:math+code"  # one teacher for several domains: every one must exist
+    with pytest.raises(ValueError, match=r"teachers.math='best:math\+code'"):
+        cascade.validate(c)
+    c.stages.distil.teachers.math = "best:math+math"
+    cascade.validate(c)
     c = _cfg()
     c.stages.sft.mix = {"code": 2.0}  # not one of the SFT stage's domains
     with pytest.raises(ValueError, match=r"stages.sft.mix: \{'code': 2.0\}"):

@@ -10,7 +10,7 @@ branch, if / mcq / json / tool <- one multi-domain teacher, the checkpoint with 
 four (`best:if+mcq+json+tool`). Every domain is evaluated after every stage. Paper defaults per stage (METHOD.md's
 table, `_common.PAPER_STAGE`); `:kl` is the named departure with KL 0.05 in every RL stage but RLHF's 0.03.
 
-    python experiments/run.py --config=cascade_c2          # 45 minutes on 2 CPU cores (measured)
+    python experiments/run.py --config=cascade_c2          # 45 min measured at n=64 evals; n=500 adds (unmeasured)
     python experiments/run.py --config=cascade_c2:tiny     # minutes; the same stages with a few steps each
     python experiments/run.py --config=cascade_c2:kl
 """
@@ -27,7 +27,7 @@ DOMAINS = {
     "swe": dict(teacher_error_rate=0.5),
 }
 LONG = dict(max_prompt_len=224)  # long-context and SWE prompts (measured: ~130-210 tokens at vocab 1024)
-# Every RL stage: 8 prompts x 8 rollouts, 16-24 steps (cascade_math and cascade_mini use 16 x 8). Measured on 2 CPU
+# Every RL stage: 8 prompts x 8 rollouts, 16-24 steps (cascade_math and cascade_demo use 16 x 8). Measured on 2 CPU
 # cores: 3-8 s a step, 1-2.5 min a stage plus ~1 min evaluating all domains; the SFT's 700 packed steps take 15 min.
 RL = dict(prompts_per_step=8, eval_every=8)
 
