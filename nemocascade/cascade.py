@@ -408,6 +408,10 @@ def _report(ctx, name, scores):
                                     cmp.key, start=start[-1] if start else None,
                                     title=f"{cmp.key}: arms from {cmp.start_stage}")
     table = plots.eval_table_markdown(ctx.log.summary)
+    paired = plots.paired_table_markdown(ctx.log.summary)
+    if paired:
+        table += ("\n\nPaired gain over the stage's start on the same test items (points, paired bootstrap 95% "
+                  "interval; bold: the stage's own domains)\n\n" + paired)
     with open(os.path.join(ctx.workdir, "eval_table.md"), "w") as f:
         f.write(table + "\n")
     print(f"[{name}] held-out: " + ", ".join(f"{d} {s['pass@1']:.3f} (n={s['n']})" for d, s in scores.items()),

@@ -150,6 +150,28 @@ def eval_table_markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def paired_table_markdown(summary: dict) -> str:
+    """Markdown table of each stage's paired gain over the stage it started from (`paired_vs_start`: the same test
+    items, paired bootstrap 95% interval), in points: a row per stage, a column per domain, its own domains'
+    cells in bold (claim (a): an RL stage raises its own domain; the others are claim (b): what it costs them).
+    Empty string when no stage has paired gains. No trailing newline.
+    Example row: ``| if_rl (from sft) | **+22.8 [+19.0, +26.6]** | -4.0 [-7.0, -1.0] |``."""
+    stages = [s for s in summary["stages"] if s.get("paired_vs_start")]
+    if not stages:
+        return ""
+    domains = _domains(summary)
+    lines = ["| stage (from) | " + " | ".join(domains) + " |", "|:--|" + "--:|" * len(domains)]
+    for s in stages:
+        cells = []
+        for d in domains:
+            p = s["paired_vs_start"].get(d)
+            cell = "-" if p is None else (f"{100 * p['mean_gain']:+.1f} [{100 * p['ci95'][0]:+.1f}, "
+                                          f"{100 * p['ci95'][1]:+.1f}]")
+            cells.append(f"**{cell}**" if p is not None and d in s.get("domains", ()) else cell)
+        lines.append(f"| {_label(s)} (from {s.get('started_from')}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def plot_stage_comparison(metrics_jsonl: str, out_png: str, stages: list[str], key: str, start: float | None = None,
                           title: str | None = None) -> None:
     """`key` against each stage's own step, one line per stage, on one axis: arms of an experiment that start

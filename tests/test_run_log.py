@@ -324,6 +324,17 @@ def test_eval_table_markdown_exact():
     assert plots.eval_table_markdown(branched).splitlines()[3] == "| [grpo_math] | 51.3 | 9.4 (n=32) | - |"
 
 
+def test_paired_table_markdown_exact():
+    assert plots.paired_table_markdown(SUMMARY) == ""  # no stage recorded paired gains
+    s = copy.deepcopy(SUMMARY)
+    s["stages"][1].update(started_from="sft", paired_vs_start={"math": {"mean_gain": 0.093, "ci95": [0.05, 0.137]},
+                                                               "code": {"mean_gain": -0.006, "ci95": [-0.03, 0.02]}})
+    assert plots.paired_table_markdown(s) == (
+        "| stage (from) | math | code | if |\n"
+        "|:--|--:|--:|--:|\n"
+        "| grpo_math (from sft) | **+9.3 [+5.0, +13.7]** | -0.6 [-3.0, +2.0] | - |")
+
+
 def test_trailing_mean_matches_hand_values():
     np.testing.assert_allclose(plots._trailing_mean(np.array([1.0, 2.0, 3.0, 4.0]), 2), [1.0, 1.5, 2.5, 3.5])
     np.testing.assert_allclose(plots._trailing_mean(np.array([3.0, 0.0, 3.0, 6.0]), 3), [3.0, 1.5, 2.0, 3.0])
