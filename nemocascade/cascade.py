@@ -232,7 +232,7 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
                        top_p=stage.top_p if rl else e.get("top_p", 1.0))
         sampled_domains = tuple(stage.domains) if rl else tuple(ctx.cfg.data.domains)
     for i, domain in enumerate(ctx.cfg.data.domains):
-        records = ctx.records(domain, split, n or None)
+        records = ctx.eval_records(domain, split, n or None)  # distinct items only
         out[domain] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,
                                           rng=jax.random.key(i), **common.eval_settings(ctx, domain),
                                           **(sampled if domain in sampled_domains else {}))

@@ -61,3 +61,14 @@ def logged(tx):
     from nemocascade import optim
 
     return optax.chain(optim.clip_by_global_norm_logged(0), tx)
+
+
+def distinct_items(cfg, domain, split, n):
+    """How many distinct problems the first `n` items of a domain's split hold, from the generator itself (the
+    data the run builds: `generate_split` with the run's seed and options); what `n` in summary.json must count."""
+    from nemocascade.data import domains
+
+    dc = cfg.data.domains[domain]
+    size = dc.num_test if split == "test" else (dc.get("num_val") or dc.num_test)
+    records = domains.generate_split(domain, split, size, cfg.seed, **dc.opts.to_dict())[:n]
+    return len({r["prompt"] for r in records})

@@ -2,15 +2,20 @@
 both stages evaluated, GRPO metrics per step, resumable (a second invocation does no work)."""
 import json
 
+from conftest import distinct_items
+from nemocascade import configs
+
 
 def test_cascade_math_tiny_end_to_end(tmp_path, run_cli):
     workdir = tmp_path / "run"
     run_cli("cascade_math:tiny", workdir)
     summary = json.load(open(workdir / "summary.json"))
     assert [s["name"] for s in summary["stages"]] == ["sft", "grpo"]
+    test_n = distinct_items(configs.load("cascade_math:tiny"), "math", "test", 64)  # distinct problems of 64
+    assert 40 < test_n <= 64
     assert [s["kind"] for s in summary["stages"]] == ["sft", "grpo"]
     for s in summary["stages"]:
-        assert set(s["eval"]) == {"math"} and s["eval"]["math"]["n"] == 64
+        assert set(s["eval"]) == {"math"} and s["eval"]["math"]["n"] == test_n
         e = s["eval"]["math"]  # avg@k beside greedy: 4 samples per item at T=1, a mean of per-item means
         assert e["k"] == 4 and 0 <= e["avg@k_ci95"][0] <= e["avg@k"] <= e["avg@k_ci95"][1] <= 1
     rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]

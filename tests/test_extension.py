@@ -12,7 +12,7 @@ import pytest
 from nemocascade import cascade, configs, errors, objectives
 from nemocascade.stages import kinds
 
-from conftest import final_params, tiny_math_config
+from conftest import final_params, tiny_math_config, distinct_items
 
 
 def _tiny_soup(tmp_path):
@@ -31,7 +31,7 @@ def test_a_stage_kind_from_an_experiment_file_runs_in_the_cascade(tmp_path):
     summary = cascade.run(cfg, wd, "soup_math", "tiny")
     stages = {s["name"]: s for s in summary["stages"]}
     assert list(stages) == ["sft", "grpo", "branch", "soup"] and stages["soup"]["kind"] == "soup"
-    assert stages["soup"]["eval"]["math"]["n"] == 8  # evaluated like any stage
+    assert stages["soup"]["eval"]["math"]["n"] == distinct_items(cfg, "math", "test", 8)  # evaluated like any stage
     grpo, branch, soup = (final_params(wd, s) for s in ("grpo", "branch", "soup"))
     for key in ("embed", "final_norm"):
         np.testing.assert_allclose(np.asarray(soup[key]),

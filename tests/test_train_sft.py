@@ -10,7 +10,7 @@ import pytest
 from nemocascade import cascade, checkpoint
 from nemocascade.stages import common
 
-from conftest import final_params, tiny_sft_config
+from conftest import final_params, tiny_sft_config, distinct_items
 
 
 def _cfg(tmp_path, steps=6):
@@ -56,7 +56,8 @@ def test_run_writes_summary_metrics_and_plots(tmp_path):
     (stage,) = on_disk["stages"]
     assert (stage["name"], stage["kind"], stage["domains"], stage["steps"], stage["teachers"]) == \
         ("sft", "sft", ["math"], 3, None)
-    assert stage["eval"]["math"]["n"] == 8 and 0.0 <= stage["eval"]["math"]["pass@1"] <= 1.0
+    assert stage["eval"]["math"]["n"] == distinct_items(cfg, "math", "test", 8)
+    assert 0.0 <= stage["eval"]["math"]["pass@1"] <= 1.0
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     assert [r["step"] for r in rows] == [0, 1, 2] and all("loss" in r and "tokens_per_s" in r for r in rows)
     for png in ("curves.png", "eval_by_stage.png"):

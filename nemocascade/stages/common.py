@@ -82,6 +82,17 @@ class RunContext:
         n = len(src) if n is None else min(n, len(src))
         return [src[i] for i in range(n)]
 
+    def eval_records(self, domain: str, split: str, n: int | None = None) -> list[dict]:
+        """The distinct items among the first `n` records of a split, for evaluation: a generator may draw the same
+        problem twice (a small problem space), and a repeat is not a new independent item: counting it would
+        shrink every interval. `n` in summary.json is the number of distinct items scored."""
+        seen, out = set(), []
+        for r in self.records(domain, split, n):
+            if r["prompt"] not in seen:
+                seen.add(r["prompt"])
+                out.append(r)
+        return out
+
     def test_records(self, domain: str, n: int | None = None) -> list[dict]:
         return self.records(domain, "test", n)
 
@@ -167,7 +178,7 @@ def quick_eval(ctx: RunContext, params, stage) -> dict[str, float]:
     watches and may choose on; the test split is for the tables)."""
     out = {}
     for domain in stage.domains:
-        res = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, ctx.records(domain, "val", stage.eval_n),
+        res = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, ctx.eval_records(domain, "val", stage.eval_n),
                                          ctx.pool, rng=jax.random.key(0), **eval_settings(ctx, domain))
         out[f"eval/{domain}/pass@1"] = res["pass@1"]
     return out
