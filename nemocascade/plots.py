@@ -238,8 +238,8 @@ def plot_arms(result: dict, out_png: str) -> None:
         for i, arm in enumerate(result["arms"]):
             c = entry[arm]["curve"]
             x, mean = np.array(c["steps"], float), 100 * np.array(c["mean"])
-            lo = np.array([100 * ci[0] if ci else m for ci, m in zip(c["ci95"], c["mean"])], float)
-            hi = np.array([100 * ci[1] if ci else m for ci, m in zip(c["ci95"], c["mean"])], float)
+            lo = 100 * np.array([ci[0] if ci else m for ci, m in zip(c["ci95"], c["mean"])], float)
+            hi = 100 * np.array([ci[1] if ci else m for ci, m in zip(c["ci95"], c["mean"])], float)
             ax.plot(x, mean, marker="o", color=f"C{i}", label=arm)
             ax.fill_between(x, lo, hi, color=f"C{i}", alpha=0.15)
         ax.axhline(100 * entry["teacher_val"], color="k", ls="--", lw=1, label="teacher")
