@@ -85,7 +85,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         for name in ("if_rl", "multi_rl", "math_rl", "code_rl"):
             c.stages[name].update(steps=3, prompts_per_step=4, group_size=4, length_curriculum=((0, 64),))
         for name in ("mopd", "grpo_arm"):
-            c.stages[name].update(steps=3, prompts_per_step=6, group_size=2, eval_every=0, checkpoint_every=3)
+            # one quick eval at the end: the arms' comparison plot (config.compare) needs a point per arm
+            c.stages[name].update(steps=3, prompts_per_step=6, group_size=2, eval_every=3, eval_n=16,
+                                  checkpoint_every=3)
         c.stages.mopd.update(max_new_tokens=64)
         c.stages.grpo_arm.update(length_curriculum=((0, 64),))
     return c
