@@ -61,11 +61,10 @@ def validate(cfg) -> None:
     for key in ("batch_size", "max_prompt_len", "max_new_tokens"):
         if cfg.eval[key] <= 0:
             raise BadInput(f"config.eval.{key} must be > 0, got {cfg.eval[key]}")
-    if cfg.eval.get("avg_k", 0) < 0 or not cfg.eval.get("temperature", 1.0) > 0 or not (
-            0 < cfg.eval.get("top_p", 1.0) <= 1):
-        raise BadInput(f"config.eval: avg_k must be >= 0 (0: greedy only), temperature > 0 and 0 < top_p <= 1; got "
-                       f"avg_k={cfg.eval.get('avg_k', 0)}, temperature={cfg.eval.get('temperature', 1.0)}, "
-                       f"top_p={cfg.eval.get('top_p', 1.0)}")
+    sampled = _eval_sampling(cfg)
+    if sampled["avg_k"] < 0 or not sampled["temperature"] > 0 or not 0 < sampled["top_p"] <= 1:
+        raise BadInput("config.eval: avg_k must be >= 0 (0: greedy only), temperature > 0 and 0 < top_p <= 1; got "
+                       + ", ".join(f"{k}={v}" for k, v in sampled.items()))
     for set_name in cfg.eval.get("sets", {}):
         if set_name not in evaluation.EVAL_SETS:
             raise BadInput(f"config.eval.sets.{set_name}: unknown evaluation set; "
@@ -224,13 +223,13 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
     stage that does not sample) on every domain at `eval.temperature` / `eval.top_p`."""
     out = {}
     n = ctx.cfg.eval.n if split == "test" else ctx.cfg.eval.get("val_n", VAL_N)
-    e = ctx.cfg.eval
-    sampled, sampled_domains = {}, ()
-    if split == "test" and e.get("avg_k", 0):
-        rl = stage is not None and "temperature" in stage
-        sampled = dict(avg_k=e.avg_k, temperature=stage.temperature if rl else e.get("temperature", 1.0),
-                       top_p=stage.top_p if rl else e.get("top_p", 1.0))
-        sampled_domains = tuple(stage.domains) if rl else tuple(ctx.cfg.data.domains)
+    sampled, sampled_domains = _eval_sampling(ctx.cfg), ()
+    if split == "test" and sampled["avg_k"]:
+        if stage is not None and "temperature" in stage:  # an RL stage: its own domains, its own sampling
+            sampled |= {"temperature": stage.temperature, "top_p": stage.top_p}
+            sampled_domains = tuple(stage.domains)
+        else:
+            sampled_domains = tuple(ctx.cfg.data.domains)
     for i, domain in enumerate(ctx.cfg.data.domains):
         records = ctx.eval_records(domain, split, n or None)  # distinct items only
         out[domain] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,
@@ -246,6 +245,11 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
         out[name] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,
                                         rng=jax.random.key(1000), **settings) | {"skipped_too_long": too_long}
     return out, {name: result.pop("scores") for name, result in out.items()}
+
+
+def _eval_sampling(cfg) -> dict:
+    """avg@k's settings from `config.eval` (avg_k 0: greedy pass@1 only)."""
+    return {k: cfg.eval.get(k, default) for k, default in (("avg_k", 0), ("temperature", 1.0), ("top_p", 1.0))}
 
 
 def _item_scores_path(ctx, stage_name: str) -> str:

@@ -15,6 +15,7 @@ import os
 from matplotlib.figure import Figure
 import numpy as np
 
+from nemocascade import stats
 from nemocascade.run_log import load_metrics
 
 
@@ -165,8 +166,7 @@ def paired_table_markdown(summary: dict) -> str:
         cells = []
         for d in domains:
             p = s["paired_vs_start"].get(d)
-            cell = "-" if p is None else (f"{100 * p['mean_gain']:+.1f} [{100 * p['ci95'][0]:+.1f}, "
-                                          f"{100 * p['ci95'][1]:+.1f}]")
+            cell = "-" if p is None else stats.percent(p["mean_gain"], p["ci95"], signed=True)
             cells.append(f"**{cell}**" if p is not None and d in s.get("domains", ()) else cell)
         lines.append(f"| {_label(s)} (from {s.get('started_from')}) | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -61,6 +61,19 @@ def seeds_ci95(values) -> list[float] | None:
     return [float(v.mean() - half), float(v.mean() + half)]
 
 
+def percent(mean: float, ci95=None, signed: bool = False) -> str:
+    """A fraction and its interval as table text in percent points: "55.0 [47.4, 67.8]" ("+16.7 [+5.0, +28.3]" when
+    `signed`, for gains); the mean alone when there is no interval (one seed)."""
+    text = ("{:+.1f}" if signed else "{:.1f}").format(100 * mean)
+    return text if ci95 is None else f"{text} {percent_interval(ci95, signed)}"
+
+
+def percent_interval(ci95, signed: bool = False) -> str:
+    """"[low, high]" in percent points ("[+5.0, +28.3]" when `signed`)."""
+    f = "{:+.1f}" if signed else "{:.1f}"
+    return f"[{f.format(100 * ci95[0])}, {f.format(100 * ci95[1])}]"
+
+
 def _bootstrap(mean_of, n: int) -> list[float]:
     idx = np.random.default_rng(0).integers(0, n, (N_BOOT, n))
     means = mean_of(idx)

@@ -56,35 +56,33 @@ def _over_seeds(values) -> dict:
 
 
 def table_markdown(sweep: dict) -> str:
-    """Stages x domains, cells "mean [low, high]" in percent (a single seed: the mean alone), then the paired
-    gains of each stage over its start. No trailing newline."""
+    """Stages x domains, cells "mean [low, high]" in percent (a single seed: the mean alone), the same for avg@k
+    where measured, then the paired gains of each stage over its start. No trailing newline."""
     domains = list(dict.fromkeys(d for s in sweep["stages"] for d in s["eval"]))
     n = len(sweep["seeds"])
-    lines = [f"seeds {sweep['seeds']}: mean over seeds [95% interval, Student t]", "",
-             "| stage | " + " | ".join(domains) + " |", "|:--|" + "--:|" * len(domains)]
-    for s in sweep["stages"]:
-        lines.append(f"| {s['name']} | " + " | ".join(_cell(s["eval"].get(d)) for d in domains) + " |")
+    lines = [f"seeds {sweep['seeds']}: mean over seeds [95% interval, Student t]", ""]
+    lines += _stage_table(sweep["stages"], domains, "eval")
     if any("avg@k" in s for s in sweep["stages"]):
-        lines += ["", "avg@k at the sampling temperature (k samples per item), mean over seeds [95% interval]:", "",
-                  "| stage | " + " | ".join(domains) + " |", "|:--|" + "--:|" * len(domains)]
-        for s in sweep["stages"]:
-            if "avg@k" in s:
-                lines.append(f"| {s['name']} | " + " | ".join(_cell(s["avg@k"].get(d)) for d in domains) + " |")
+        lines += ["", "avg@k at the sampling temperature (k samples per item), mean over seeds [95% interval]:", ""]
+        lines += _stage_table([s for s in sweep["stages"] if "avg@k" in s], domains, "avg@k")
     if sweep["paired"]:
         lines += ["", f"paired gain over the stage's start, per seed then averaged (n={n} seeds):", "",
                   "| from -> to | domain | gain | 95% interval |", "|:--|:--|--:|--:|"]
         for p in sweep["paired"]:
-            ci = f"[{100 * p['ci95'][0]:+.1f}, {100 * p['ci95'][1]:+.1f}]" if p["ci95"] else "-"
-            lines.append(f"| {p['from']} -> {p['to']} | {p['domain']} | {100 * p['mean_gain']:+.1f} | {ci} |")
+            ci = stats.percent_interval(p["ci95"], signed=True) if p["ci95"] else "-"
+            lines.append(f"| {p['from']} -> {p['to']} | {p['domain']} | {stats.percent(p['mean_gain'], signed=True)}"
+                         f" | {ci} |")
     return "\n".join(lines)
 
 
-def _cell(row) -> str:
-    if row is None:
-        return "-"
-    if row["ci95"] is None:
-        return f"{100 * row['mean']:.1f}"
-    return f"{100 * row['mean']:.1f} [{100 * row['ci95'][0]:.1f}, {100 * row['ci95'][1]:.1f}]"
+def _stage_table(stages, domains, key: str) -> list[str]:
+    """A row per stage, a column per domain, cells from `stage[key][domain]` (the over-seeds rows)."""
+    return ["| stage | " + " | ".join(domains) + " |", "|:--|" + "--:|" * len(domains)] + [
+        f"| {s['name']} | " + " | ".join(_cell(s[key].get(d)) for d in domains) + " |" for s in stages]
+
+
+def _cell(row, signed: bool = False) -> str:
+    return "-" if row is None else stats.percent(row["mean"], row["ci95"], signed)
 
 
 def arms(summaries: dict[int, dict], metrics: dict[int, list[dict]], stages: tuple[str, ...], start: str,
@@ -131,11 +129,12 @@ def arms(summaries: dict[int, dict], metrics: dict[int, list[dict]], stages: tup
         entry = {"seeds": row["seeds"], "teacher_val": float(np.mean(row["teacher_val"]))}
         for a in stages:
             runs = row[a]
-            steps = sorted({s for r in runs for s, _ in r["curve"]})
-            values = [[dict(r["curve"]).get(s) for r in runs] for s in steps]
+            curves = [dict(r["curve"]) for r in runs]
+            steps = sorted(set().union(*curves))
+            values = [[c[s] for c in curves if s in c] for s in steps]
             entry[a] = {
-                "curve": {"steps": steps, "mean": [float(np.mean([v for v in vs if v is not None])) for vs in values],
-                          "ci95": [stats.seeds_ci95([v for v in vs if v is not None]) for vs in values]},
+                "curve": {"steps": steps, "mean": [float(np.mean(vs)) for vs in values],
+                          "ci95": [stats.seeds_ci95(vs) for vs in values]},
                 "steps_to_teacher": [r["steps_to_teacher"] for r in runs],
                 "final_test": _over_seeds([r["final_test"] for r in runs]),
                 "final_gap_test": _over_seeds([r["final_gap_test"] for r in runs])}
@@ -157,11 +156,5 @@ def arms_markdown(result: dict) -> str:
             e = entry[a]
             steps = ", ".join("-" if s is None else str(s) for s in e["steps_to_teacher"])
             lines.append(f"| {d} | {a} | {len(entry['seeds'])} | {steps} | {_cell(e['final_test'])} | "
-                         f"{_signed(e['final_gap_test'])} |")
+                         f"{_cell(e['final_gap_test'], signed=True)} |")
     return "\n".join(lines)
-
-
-def _signed(row) -> str:
-    if row["ci95"] is None:
-        return f"{100 * row['mean']:+.1f}"
-    return f"{100 * row['mean']:+.1f} [{100 * row['ci95'][0]:+.1f}, {100 * row['ci95'][1]:+.1f}]"

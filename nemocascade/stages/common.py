@@ -93,9 +93,6 @@ class RunContext:
                 out.append(r)
         return out
 
-    def test_records(self, domain: str, n: int | None = None) -> list[dict]:
-        return self.records(domain, "test", n)
-
 
 def stage_config(kind: str, kind_defaults: dict, **overrides) -> ml_collections.ConfigDict:
     """A stage's ConfigDict: common keys + the kind's defaults + `optim`, then `overrides`.

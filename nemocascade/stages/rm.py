@@ -101,7 +101,7 @@ def pairwise_accuracy(rm_params, ctx, domain: str, records, batch_size: int, seq
 def evaluate_rm(rm_params, ctx, stage) -> dict[str, float]:
     out = {}
     for domain in stage.domains:
-        records = ctx.test_records(domain, stage.eval_pairs)
+        records = ctx.records(domain, "test", stage.eval_pairs)
         out |= pairwise_accuracy(rm_params, ctx, domain, records, stage.batch_size, stage.seq_len)
     return out
 
