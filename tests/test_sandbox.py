@@ -214,7 +214,10 @@ def test_subprocess_loop(isolation, hook, monkeypatch):
 
 @pytest.mark.parametrize("isolation,hook", MODES)
 def test_memory_hog(isolation, hook, monkeypatch):
-    r = _run("chunks = []\nwhile True:\n    chunks.append(bytearray(1 << 24))\n", isolation, hook, monkeypatch)
+    # the memory limit, not the clock, must stop it: 1.5 s was too short to reach the limit with two training jobs
+    # on the two cores (timed out with empty stderr once); idle it hits MemoryError in well under a second
+    r = _run("chunks = []\nwhile True:\n    chunks.append(bytearray(1 << 24))\n", isolation, hook, monkeypatch,
+             timeout_s=10.0)
     assert "MemoryError" in r.stderr
 
 
