@@ -118,6 +118,13 @@ def test_pathological_inputs_skip_sympy():
     assert math_reward._too_costly("(" * 13 + "1" + ")" * 13) and math_reward._too_costly(r"(9999^{9999})^{9999}")
     assert not math_reward._too_costly("[" * 12 + "1" + "]" * 12) and not math_reward._too_costly(r"2^{100}3^{100}")
     assert not math_reward._too_costly("+".join(f"x_{i}^{2}" for i in range(20)))  # small exponents are free
+    # powers of sums: C(n+k-1, k-1) terms to expand, k summands to the n; refused past 1000
+    assert math_reward._too_costly(r"(x+y+z+1)^{60}")  # C(63, 3) = 39711
+    assert not math_reward._too_costly(r"(a+b+c+d)^{16}")  # C(19, 3) = 969
+    assert math_reward._too_costly(r"(a+b+c+d)^{17}")  # C(20, 3) = 1140
+    assert math_reward._too_costly(r"((a+b)-(c+d))^{17}")  # nested sums count too
+    assert not math_reward._too_costly(r"(x+1)^{60}") and not math_reward._too_costly(r"(2+3+4+5)^{60}")  # 61; a number
+    assert not math_reward._too_costly(r"(e^{-x}+x)^{100}")  # the exponent's sign is no summand: 101 terms
 
 
 # The fast path on its own (the table above cannot tell it from the math_verify fallback).

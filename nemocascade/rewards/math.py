@@ -39,6 +39,7 @@ import functools
 import logging
 import re
 from fractions import Fraction
+from math import comb
 
 from nemocascade.chat import strip_think
 from nemocascade.rewards.limits import bounded_completion, call_with_timeout
@@ -53,6 +54,10 @@ _MAX_EXPONENT_DIGITS = 4  # 2^{10000} is fine to compare; 2^{100000} starts cost
 # Digits summed over the exponents >= 100: (9999^{9999})^{9999} and twenty 9999^{9999} multiplied pass the
 # check above power by power, then run sympy to the budget; 2^{100} 3^{100} still compares.
 _MAX_BIG_EXPONENT_DIGITS = 6
+# Terms in the expansion of a power of a sum with variables: (x+y+z+1)^{60} has C(63, 3) = 39711, which sympy
+# expands until the budget runs out (and its clean-up ran the call to 1.4 s once in CI's suite). No boxed
+# answer expands to this many terms; (x+1)^{60} (61 terms) and (a+b+c)^{10} (66) still compare.
+_MAX_EXPANSION_TERMS = 1_000
 
 
 @bounded_completion
@@ -302,7 +307,36 @@ def _too_costly(s: str) -> bool:
         exponent_digits += sum(d for d in digits if d >= 3)
         if "^" in exponent or max(digits, default=0) > _MAX_EXPONENT_DIGITS:
             return True
+        if _expansion_terms(s, m.start(), exponent) > _MAX_EXPANSION_TERMS:  # after: the exponent is short
+            return True
     return exponent_digits > _MAX_BIG_EXPONENT_DIGITS
+
+
+def _expansion_terms(s: str, caret: int, exponent: str) -> int:
+    """Terms in the expansion of the power at ``s[caret]`` when its base is a bracketed sum with a variable
+    and its exponent a whole number: C(n + k - 1, k - 1) for k summands to the n (an upper bound where sums
+    nest); 1 for anything else."""
+    end = len(s[:caret].rstrip()) - 1
+    if end < 0 or s[end] not in ")]}" or not exponent.strip().isdigit():
+        return 1
+    depth, start = 0, None
+    for i in range(end, -1, -1):  # the bracket that opens the base
+        depth += s[i] in ")]}"
+        depth -= s[i] in "([{"
+        if depth == 0:
+            start = i
+            break
+    if start is None:
+        return 1
+    base = s[start + 1:end]
+    if not re.search(r"[a-zA-Z]", base):
+        return 1  # a number: sympy evaluates it without expanding
+    # summands at any depth, (x+y)+(z+1) being four; a sign that opens a term or an exponent is not one
+    summands, prev = 1, "("
+    for c in base:
+        summands += c in "+-" and prev not in "+-*/^([{"
+        prev = c if not c.isspace() else prev
+    return comb(int(exponent) + summands - 1, summands - 1)
 
 
 @functools.cache
