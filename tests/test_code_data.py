@@ -24,7 +24,7 @@ def test_a_record_by_hand():
     assert dcode.response_text(task) == "```python\ndef f(x):\n    return x if x > 7 else 7\n```"
     assert dcode.response_text(task, slip=True) == "```python\ndef f(x):\n    return x if x < 7 else 7\n```"
     assert json.loads(dcode.answer_json(task)) == {
-        "tests": "assert f(-4) == 7\nassert f(0) == 7\nassert f(7) == 7\nassert f(25) == 25\n", "entry_point": "f"}
+        "tests": "assert f(-4) == 7\nassert f(0) == 7\nassert f(10) == 10\nassert f(25) == 25\n", "entry_point": "f"}
     # count_gt: [3, 3, 5] has one item > 3 and three >= 3, so the slip fails.
     assert dcode.tests_text(dcode.Task("count_gt", 3)).splitlines()[1] == "assert f([3, 3, 5]) == 1"
 
@@ -38,7 +38,7 @@ def test_generate_is_deterministic_and_short():
         assert r["domain"] == "code" and set(r) == set(domains.RECORD_KEYS)
         assert len(r["prompt"].split()) <= 40
         assert len((r["reasoning"] + " " + r["response"]).split()) <= 60
-    assert len(dcode.all_tasks()) == 118
+    assert len(dcode.all_tasks()) == 10 * 1000  # ten families, k over 1000 values each
 
 
 def test_splits_are_disjoint_by_canonical_task():
@@ -49,12 +49,24 @@ def test_splits_are_disjoint_by_canonical_task():
     assert train_keys and test_keys and not train_keys & test_keys
     assert all(domains.split_of(k) == "train" for k in train_keys)
     assert all(domains.split_of(k) == "test" for k in test_keys)
-    with pytest.raises(ValueError, match="no code task"):
-        dcode.generate(np.random.default_rng(0), 1, split="test", families={"mod": 1.0})  # no "mod" task is held out
+    with pytest.raises(ValueError, match="no code task"):  # 1 key in 10^9 is held out: none of mod's 1000
+        dcode.generate(np.random.default_rng(0), 1, split="test", families={"mod": 1.0}, test_every=10**9)
+
+
+def test_500_test_items_are_500_distinct_programs():
+    # Drawn without replacement: ~100 test tasks a family, ~50 draws each. With replacement (and the 118 tasks of
+    # before) 500 items held 13 distinct programs.
+    test = domains.generate_split("code", "test", 500, seed=0)
+    assert len({r["id"].rsplit("/", 1)[1] for r in test}) == 500
+    # a family's tasks all come once before any comes twice
+    twice = dcode.generate(np.random.default_rng(0), 250, split="test", families={"repeat": 1.0})
+    keys = [r["id"].rsplit("/", 1)[1] for r in twice]
+    pool = sum(domains.split_of(t.key) == "test" for t in dcode.all_tasks() if t.family == "repeat")
+    assert pool < 250 and len(set(keys[:pool])) == pool and set(keys[pool:]) <= set(keys[:pool])
 
 
 def test_every_slip_breaks_a_test():
-    # In-process over all 118 tasks (our own templates, not model code): the slipped expression differs
+    # In-process over all 10,000 tasks (our own templates, not model code): the slipped expression differs
     # from the correct one on at least one of the task's test inputs.
     for task in dcode.all_tasks():
         fam = dcode.FAMILIES[task.family]

@@ -271,7 +271,8 @@ def test_mcq_teacher_slips_by_family():
         assert len(set(options)) == 4
         right = options["ABCD".index(g["answer"])]
         chosen = options["ABCD".index(re.fullmatch(r"The answer is \\boxed\{([A-D])\}\.", b["response"])[1])]
-        assert b["reasoning"].endswith(f"; so {'ABCD'[options.index(chosen)]}")
+        restated = ", ".join(f"{o} ({x})" for x, o in zip("ABCD", options))  # each option, its letter after it
+        assert b["reasoning"].endswith(f"; {restated}; so {chosen} ({'ABCD'[options.index(chosen)]})")
         if m := re.fullmatch(r"What is (\d+)([+-])(\d+)\?", stem):
             a, op, c = int(m[1]), m[2], int(m[3])
             assert int(right) == (a + c if op == "+" else a - c)
@@ -296,7 +297,9 @@ def test_mcq_hand_worked_records():
     factor = {(big, small): f for big, small, f in dmcq.UNITS}[(m[3], m[1])]
     q = int(m[2])
     assert sorted(options, key=int) == sorted(map(str, [q, q + factor, q * factor, 10 * q * factor]), key=int)
-    assert r["reasoning"] == f"1 {m[3]} = {factor} {m[1]}, {q}*{factor}={q * factor}; so {r['answer']}"
+    restated = ", ".join(f"{o} ({x})" for x, o in zip("ABCD", options))
+    assert r["reasoning"] == (f"1 {m[3]} = {factor} {m[1]}, {q}*{factor}={q * factor}; {restated}; "
+                              f"so {q * factor} ({r['answer']})")
     with pytest.raises(ValueError, match=r"unknown mcq families \['poetry'\]"):
         dmcq.generate(np.random.default_rng(0), 1, families={"poetry": 1.0})
 

@@ -17,6 +17,7 @@ the problems), so the SFT plateau sits below what each verifier can reward. Pape
     python experiments/sweep.py --config=cascade_demo --seeds=0,1,2,3,4 --workdir=DIR
     python experiments/run.py --config=cascade_demo:tiny     # a few minutes (tests)
     python experiments/run.py --config=cascade_demo:kl       # the named departure: KL 0.05 in every RL stage
+    python experiments/run.py --config=cascade_demo:probe    # the SFT plateau alone, n=200 (how DOMAINS was set)
 """
 import ml_collections
 
@@ -48,7 +49,7 @@ RECOVER = dict(steps=24, prompts_per_step=16, group_size=4, eval_every=4, eval_n
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    tags = variants("cascade_demo", arg, ("tiny", "kl"))
+    tags = variants("cascade_demo", arg, ("tiny", "kl", "probe"))
     c = multi_base("cascade_demo", DOMAINS)
     c.variant = arg  # 500 test and 200 validation items per domain: multi_base's
     c.reward.timeout_s = 8.0  # above the code sandbox's own wall limit
@@ -72,6 +73,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.compare = dict(stages=("grpo_arm", "mopd"), key="eval/math/pass@1", start_stage="code_rl", domain="math")
     if "kl" in tags:
         kl_variant(c)
+    if "probe" in tags:  # where each domain's SFT plateau sits, for setting DOMAINS' slip rates (~10 min)
+        c.stage_order = ("sft",)
+        c.eval.update(n=200, val_n=50, avg_k=0)
     if "tiny" in tags:
         c.model.update(n_layers=2)
         for d in DOMAINS:

@@ -8,7 +8,7 @@ integer parameter ``k``, stated and solved with fixed templates::
     response:  "```python\\ndef f(x):\\n    return x if x > 7 else 7\\n```"
     answer:    '{"tests": "assert f(-4) == 7\\nassert f(0) == 7\\n...", "entry_point": "f"}'
 
-The tests are four asserts on fixed inputs per family, chosen so that every family's slip below fails at
+The tests are four asserts on inputs chosen per family and k so that every family's slip below fails at
 least one of them; their expected values come from evaluating the teacher's own correct expression, so
 the correct program passes by construction. ``nemocascade.rewards.code`` runs them in the sandbox.
 
@@ -18,7 +18,8 @@ count) and its plan says what the slipped code does, so reasoning and response a
 (as the forgotten carry of ``data/math.py``). Above 0.5 the slip is the mode: greedy imitation fails,
 while the correct program is still sampled often enough for the verifiable reward to reinforce it.
 
-Held-out split: by the canonical task ``"family:k"`` (e.g. ``"max:7"``); 118 tasks in all.
+Held-out split: by the canonical task ``"family:k"`` (e.g. ``"max:7"``); 10,000 tasks in all, 1000 a family
+(k up to 1000), so the test split holds ~1000 and an evaluation of 500 items scores 500 distinct programs.
 """
 
 from __future__ import annotations
@@ -50,46 +51,53 @@ class Family:
 
 
 def _ints(k: int) -> tuple:
-    """Below and above every k (so ``<`` vs ``>`` differs), and a multiple of 7 (so ``%`` vs ``//`` does)."""
-    return (-4, 0, 7, 25)
+    """Below and above k (so ``<`` vs ``>`` differs), k + 3 (so ``%`` vs ``//`` does, for every k >= 2)."""
+    return (-4, k - 7, k + 3, 25)
 
 
 def _lists(k: int) -> tuple:
-    """Lists that contain k (so ``>`` vs ``>=`` differs) and are longer than k + 1 (so slices differ)."""
-    return ([1, 2, 3, 4, 5, 6, 7], [k, k, k + 2], [], [k + 1, 0, k, 9, 3, 8, 2])
+    """A list longer than k + 1 (so slices differ) and lists that contain k (so ``>`` vs ``>=`` differs)."""
+    return (list(range(1, k + 3)), [k, k, k + 2], [], [k + 1, 0, k, 9, 3, 8, 2])
 
 
 def _strs(k: int) -> tuple:
-    return ("abcdefgh", "hi", "", "hello world")
+    """Short strings (a repeat of each stays short), one of them empty."""
+    return ("ab", "hi", "", "x")
 
+
+def _long_strs(k: int) -> tuple:
+    """Strings longer than k (so ``s[:k]`` vs ``s[:k + 1]`` differs), one of them short."""
+    return ("abcdefghij" * (k // 10 + 1), "hi", "", "hello world" * (k // 11 + 1))
+
+
+K = tuple(range(1, 1001))  # 1000 tasks a family: ~100 of each in the test split, so 500 test items are distinct
 
 FAMILIES: dict[str, Family] = {
     "add": Family("x", "x plus {k}", "Add {k} to x.", "x + {k}",
-                  "Subtract {k} from x.", "x - {k}", tuple(range(1, 20)), _ints),
+                  "Subtract {k} from x.", "x - {k}", K, _ints),
     "sub": Family("x", "x minus {k}", "Subtract {k} from x.", "x - {k}",
-                  "Add {k} to x.", "x + {k}", tuple(range(1, 20)), _ints),
+                  "Add {k} to x.", "x + {k}", K, _ints),
     "mul": Family("x", "x times {k}", "Multiply x by {k}.", "x * {k}",
-                  "Add {k} to x.", "x + {k}", tuple(range(2, 10)), _ints),
+                  "Add {k} to x.", "x + {k}", tuple(range(2, 1002)), _ints),
     "mod": Family("x", "the remainder of x divided by {k}", "Take x modulo {k}.", "x % {k}",
-                  "Divide x by {k} and round down.", "x // {k}", tuple(range(2, 10)), _ints),
+                  "Divide x by {k} and round down.", "x // {k}", tuple(range(2, 1002)), _ints),
     "max": Family("x", "the larger of x and {k}", "Compare x with {k} and return the larger one.",
                   "x if x > {k} else {k}", "Compare x with {k} and return the smaller one.",
-                  "x if x < {k} else {k}", tuple(range(0, 20)), _ints),
+                  "x if x < {k} else {k}", tuple(range(-500, 500)), _ints),
     "min": Family("x", "the smaller of x and {k}", "Compare x with {k} and return the smaller one.",
                   "x if x < {k} else {k}", "Compare x with {k} and return the larger one.",
-                  "x if x > {k} else {k}", tuple(range(0, 20)), _ints),
+                  "x if x > {k} else {k}", tuple(range(-500, 500)), _ints),
     "sum_first": Family("xs", "the sum of the first {k} items of xs", "Sum the first {k} items of xs.",
                         "sum(xs[:{k}])", "Sum the first {k} items of xs and one more.", "sum(xs[:{k} + 1])",
-                        tuple(range(1, 6)), _lists),
+                        K, _lists),
     "count_gt": Family("xs", "how many items of xs are greater than {k}",
                        "Count the items of xs that are greater than {k}.", "sum(1 for v in xs if v > {k})",
                        "Count the items of xs that are at least {k}.", "sum(1 for v in xs if v >= {k})",
-                       tuple(range(0, 10)), _lists),
+                       tuple(range(0, 1000)), _lists),
     "repeat": Family("s", "s repeated {k} times", "Repeat s {k} times.", "s * {k}",
-                     "Repeat s {k} times and once more.", "s * ({k} + 1)", tuple(range(2, 6)), _strs),
+                     "Repeat s {k} times and once more.", "s * ({k} + 1)", tuple(range(2, 1002)), _strs),
     "prefix": Family("s", "the first {k} characters of s", "Take the first {k} characters of s.", "s[:{k}]",
-                     "Take the first {k} characters of s and one more.", "s[:{k} + 1]",
-                     tuple(range(1, 6)), _strs),
+                     "Take the first {k} characters of s and one more.", "s[:{k} + 1]", K, _long_strs),
 }
 
 
@@ -152,8 +160,9 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
     """``n`` code records (domains.py record contract), deterministic given ``rng`` and the options.
 
     Args:
-        split: keep only tasks with ``split_of(task.key, test_every) == split`` (``None``: all). Tasks
-            repeat within a split (the task space is small), never across splits.
+        split: keep only tasks with ``split_of(task.key, test_every) == split`` (``None``: all). A family's
+            tasks are drawn without replacement (a task repeats only after every task of its family in the
+            split has been drawn), and never cross splits.
         teacher_error_rate: probability that the teacher makes its family's slip (module docstring).
         families: family name -> sampling weight (default: all of :data:`FAMILIES`, equally).
     """
@@ -168,10 +177,12 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
         raise ValueError(f"no code task of families {names} falls in split {split!r} (test_every={test_every})")
     probs = weights / weights.sum()
 
-    records = []
+    records, order = [], {}  # family -> its tasks not drawn yet in this pass, in a random order
     for i in range(n):
         family = names[int(rng.choice(len(names), p=probs))]
-        task = pools[family][int(rng.integers(len(pools[family])))]
+        if not order.get(family):  # without replacement: a task repeats only once its family's pool is used up
+            order[family] = [pools[family][j] for j in rng.permutation(len(pools[family]))]
+        task = order[family].pop()
         slip = bool(rng.random() < teacher_error_rate)
         records.append({
             "domain": DOMAIN,
@@ -185,5 +196,6 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
 
 
 register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="1",
+    # 2: k up to 1000 (118 tasks before: the test split held 13), inputs that follow k, draws without replacement
+    name=DOMAIN, generate=generate, version="2",
     description="procedural one-line Python functions with an imperfect (one-slip) teacher"))
