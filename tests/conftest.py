@@ -64,11 +64,12 @@ def logged(tx):
 
 
 def distinct_items(cfg, domain, split, n):
-    """How many distinct problems the first `n` items of a domain's split hold, from the generator itself (the
-    data the run builds: `generate_split` with the run's seed and options); what `n` in summary.json must count."""
+    """How many items an evaluation of `n` scores: `n`, or every distinct problem of the split when it holds fewer,
+    from the generator itself (the data the run builds: `generate_split` with the run's seed and options); what
+    `n` in summary.json must count."""
     from nemocascade.data import domains
 
     dc = cfg.data.domains[domain]
     size = dc.num_test if split == "test" else (dc.get("num_val") or dc.num_test)
-    records = domains.generate_split(domain, split, size, cfg.seed, **dc.opts.to_dict())[:n]
-    return len({r["prompt"] for r in records})
+    records = domains.generate_split(domain, split, size, cfg.seed, **dc.opts.to_dict())
+    return min(n, len({r["prompt"] for r in records}))

@@ -60,6 +60,19 @@ def test_default_variants_follow_the_paper(name):
     assert cfg.eval.avg_k > 0 and cfg.eval.temperature == 1.0
 
 
+@pytest.mark.parametrize("name", ["cascade_math", "cascade_demo"])
+def test_procedural_test_splits_hold_eval_n_distinct_problems(name):
+    # The generators repeat problems; evaluation scores the first eval.n distinct ones, so the test split must hold
+    # that many (and validation val_n): from the generators themselves, with the run's seed and options.
+    from nemocascade.data import domains
+
+    cfg = configs.load(name)
+    for d, dc in cfg.data.domains.items():
+        for split, n in (("test", cfg.eval.n), ("val", cfg.eval.val_n)):
+            records = domains.generate_split(d, split, dc.num_test, cfg.seed, **dc.opts.to_dict())
+            assert len({r["prompt"] for r in records}) >= n, (d, split)
+
+
 @pytest.mark.parametrize("name", ["cascade_c2", "cascade_demo"])
 def test_mopd_distils_from_three_teachers_chosen_on_validation(name):
     cfg = configs.load(name)

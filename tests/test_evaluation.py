@@ -37,3 +37,15 @@ def test_no_avg_at_k_by_default(monkeypatch):
         out = evaluation.evaluate(None, None, None, [{"domain": "math", "answer": "1"}], pool, batch_size=1,
                                   max_prompt_len=1, max_new_tokens=1, rng=None)
     assert "avg@k" not in out and out["pass@1"] == 1.0
+
+
+def test_eval_records_are_the_first_n_distinct_items_of_the_split():
+    from nemocascade.stages.common import RunContext
+
+    prompts = ["a", "b", "a", "c", "b", "d", "e"]
+    src = [{"prompt": p, "id": str(i)} for i, p in enumerate(prompts)]
+    ctx = RunContext(*([None] * 5), sources={"math": {"test": src}}, log=None, param_shardings=None, pool=None)
+    # a repeat is skipped, and the scan goes past the first n records to find n distinct ones
+    assert [r["id"] for r in ctx.eval_records("math", "test", 4)] == ["0", "1", "3", "5"]
+    assert [r["id"] for r in ctx.eval_records("math", "test", 50)] == ["0", "1", "3", "5", "6"]  # fewer: all
+    assert [r["id"] for r in ctx.eval_records("math", "test")] == ["0", "1", "3", "5", "6"]

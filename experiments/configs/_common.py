@@ -5,6 +5,8 @@ import ml_collections
 
 from nemocascade.stages import common, grpo
 
+NUM_HELD_OUT = 2000  # test and validation records generated per domain; eval.n / val_n distinct ones are scored
+
 
 def math_base(name: str) -> ml_collections.ConfigDict:
     """The pieces every math experiment shares (model, tokenizer, data, eval); stages are added on top."""
@@ -21,7 +23,9 @@ def math_base(name: str) -> ml_collections.ConfigDict:
     c.data = ml_collections.ConfigDict()
     c.data.data_dir = ""
     c.data.domains = ml_collections.ConfigDict()
-    c.data.domains.math = dict(num_train=20_000, num_test=500, opts=dict(teacher_error_rate=0.0))
+    # NUM_HELD_OUT test (and as many validation) records: the generators repeat problems, and evaluation scores
+    # the first eval.n *distinct* ones (math: ~400 distinct in 500 records, ~890 in 2000)
+    c.data.domains.math = dict(num_train=20_000, num_test=NUM_HELD_OUT, opts=dict(teacher_error_rate=0.0))
     # n test items, val_n validation items per domain; avg@k on test: avg_k samples per item, after an RL stage on
     # its own domains at its temperature / top-p, after SFT on every domain at eval.temperature / top_p
     c.eval = dict(n=500, val_n=200, batch_size=128, max_prompt_len=64, max_new_tokens=112, avg_k=4, temperature=1.0,
@@ -48,7 +52,7 @@ def multi_base(name: str, domains: dict[str, dict]) -> ml_collections.ConfigDict
     c.tokenizer.update(vocab_size=1024, corpus_size=3000)
     c.data.domains = ml_collections.ConfigDict()
     for domain, opts in domains.items():
-        c.data.domains[domain] = dict(num_train=20_000, num_test=500, opts=dict(opts))
+        c.data.domains[domain] = dict(num_train=20_000, num_test=NUM_HELD_OUT, opts=dict(opts))
     c.eval.update(n=500, max_prompt_len=96, max_new_tokens=112)
     return c
 

@@ -83,11 +83,14 @@ class RunContext:
         return [src[i] for i in range(n)]
 
     def eval_records(self, domain: str, split: str, n: int | None = None) -> list[dict]:
-        """The distinct items among the first `n` records of a split, for evaluation: a generator may draw the same
-        problem twice (a small problem space), and a repeat is not a new independent item: counting it would
-        shrink every interval. `n` in summary.json is the number of distinct items scored."""
+        """The first `n` distinct items of a split (every distinct item, if it holds fewer), for evaluation: a
+        generator may draw the same problem twice (a small problem space), and a repeat is not a new independent
+        item: counting it would shrink every interval. So the configs generate more test and validation records
+        than they score. `n` in summary.json is the number of distinct items scored."""
         seen, out = set(), []
-        for r in self.records(domain, split, n):
+        for r in self.records(domain, split):
+            if n is not None and len(out) == n:
+                break
             if r["prompt"] not in seen:
                 seen.add(r["prompt"])
                 out.append(r)
