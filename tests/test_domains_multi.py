@@ -271,8 +271,9 @@ def test_mcq_teacher_slips_by_family():
         assert len(set(options)) == 4
         right = options["ABCD".index(g["answer"])]
         chosen = options["ABCD".index(re.fullmatch(r"The answer is \\boxed\{([A-D])\}\.", b["response"])[1])]
-        restated = ", ".join(f"{o} ({x})" for x, o in zip("ABCD", options))  # each option, its letter after it
-        assert b["reasoning"].endswith(f"; {restated}; so {chosen} ({'ABCD'[options.index(chosen)]})")
+        i = options.index(chosen)  # the options checked in order, up to the chosen one
+        checks = [f"{x} {o} no" for x, o in zip("ABCD", options[:i])] + [f"{'ABCD'[i]} {chosen} yes"]
+        assert b["reasoning"].endswith(f"; {', '.join(checks)}; so {'ABCD'[i]}")
         if m := re.fullmatch(r"What is (\d+)([+-])(\d+)\?", stem):
             a, op, c = int(m[1]), m[2], int(m[3])
             assert int(right) == (a + c if op == "+" else a - c)
@@ -297,9 +298,9 @@ def test_mcq_hand_worked_records():
     factor = {(big, small): f for big, small, f in dmcq.UNITS}[(m[3], m[1])]
     q = int(m[2])
     assert sorted(options, key=int) == sorted(map(str, [q, q + factor, q * factor, 10 * q * factor]), key=int)
-    restated = ", ".join(f"{o} ({x})" for x, o in zip("ABCD", options))
-    assert r["reasoning"] == (f"1 {m[3]} = {factor} {m[1]}, {q}*{factor}={q * factor}; {restated}; "
-                              f"so {q * factor} ({r['answer']})")
+    i = "ABCD".index(r["answer"])
+    checks = ", ".join([f"{x} {o} no" for x, o in zip("ABCD", options[:i])] + [f"{r['answer']} {q * factor} yes"])
+    assert r["reasoning"] == f"1 {m[3]} = {factor} {m[1]}, {q}*{factor}={q * factor}; {checks}; so {r['answer']}"
     with pytest.raises(ValueError, match=r"unknown mcq families \['poetry'\]"):
         dmcq.generate(np.random.default_rng(0), 1, families={"poetry": 1.0})
 
@@ -355,9 +356,13 @@ def test_tool_gold_and_teacher_quotes_integers():
         assert call == json.loads(g["answer"])
         assert dtool.signature(call["name"]) in tools
         slipped = json.loads(re.fullmatch(r"<tool_call>(.*)</tool_call>", b["response"])[1])
-        assert slipped["arguments"] == {k: str(v) if type(v) is int else v for k, v in call["arguments"].items()}
-        assert (b["response"] != g["response"]) == (call["name"] in with_int)
-    assert 0.4 < share < 0.75  # 4 of 7 tools, drawn uniformly
+        quoted = {k: str(v) if type(v) is int and v >= 10 else v for k, v in call["arguments"].items()}
+        assert slipped["arguments"] == quoted  # two-digit integers only
+        assert (b["response"] != g["response"]) == (quoted != call["arguments"])
+        assert quoted == call["arguments"] or call["name"] in with_int
+    # 4 of 7 tools, drawn uniformly, times their share of values >= 10: days 5/14, hour 15/24, count 11/19,
+    # people 3/11 -> 4/7 x 0.459 = 0.26
+    assert 0.2 < share < 0.33
 
 
 def test_tool_hand_worked_prompt():

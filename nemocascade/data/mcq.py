@@ -8,7 +8,7 @@ A short question and four options A-D, drawn from four small families over a clo
     science  "Which of these is a mammal?"     options cat / owl / iron / Vega (fixed fact table)
 
     prompt:    "What is 23+48?\\nA. 61\\nB. 71\\nC. 81\\nD. 72"
-    reasoning: "3+8=11, write 1 carry 1; 2+4+1=7, write 7; so 23+48=71; 61 (A), 71 (B), 81 (C), 72 (D); so 71 (B)"
+    reasoning: "3+8=11, write 1 carry 1; 2+4+1=7, write 7; so 23+48=71; A 61 no, B 71 yes; so B"
     response:  "The answer is \\boxed{B}."        answer: "B"
 
 **Imperfect teacher.** With probability ``teacher_error_rate`` the teacher makes its family's
@@ -162,11 +162,17 @@ def prompt_text(stem: str, order: list[str]) -> str:
     return stem + "".join(f"\n{letter}. {option}" for letter, option in zip(LETTERS, order))
 
 
-def letter_list(order: list[str]) -> str:
-    """The options restated with their letters after them, ``71 (B)``: the trace's last step, ``so 71 (``, then
-    copies the letter that followed the same option a few tokens back (an induction-style copy a small model
-    learns), where the prompt's ``B. 71`` puts the letter before the option."""
-    return ", ".join(f"{option} ({letter})" for letter, option in zip(LETTERS, order))
+def option_checks(order: list[str], chosen: str) -> str:
+    """The trace's last steps: the options in display order, each checked against the chosen value, up to the
+    first match: ``A 9 no, B 28 no, C 18 yes``. Each check is local (this option against the value the trace
+    worked out), and the letter to write is then the latest one in the trace. A small model did not learn to look
+    an option up in a list instead (``so 71 (`` -> the letter that followed 71 earlier: still at chance)."""
+    checks = []
+    for letter, option in zip(LETTERS, order):
+        checks.append(f"{letter} {option} {'yes' if option == chosen else 'no'}")
+        if option == chosen:
+            break
+    return ", ".join(checks)
 
 
 def response_text(letter: str) -> str:
@@ -205,7 +211,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         records.append({
             "domain": DOMAIN,
             "prompt": prompt_text(q.stem, order),
-            "reasoning": f"{reasoning}; {letter_list(order)}; so {chosen} ({letter})",
+            "reasoning": f"{reasoning}; {option_checks(order, chosen)}; so {letter}",
             "response": response_text(letter),
             "answer": LETTERS[order.index(q.options[0])],
             "id": f"{DOMAIN}/{split or 'all'}/{len(records)}/{q.key}",
@@ -214,7 +220,8 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
 
 
 register_domain(DomainSpec(
-    # 2: the trace restates the options with their letters and ends "so 71 (B)"; with "so B" alone a small
-    # model named the right option and wrote the wrong letter (cascade_demo's SFT: 22.8%, chance)
-    name=DOMAIN, generate=generate, version="2",
+    # 3: the trace checks the options in order up to the chosen one ("A 61 no, B 71 yes; so B"). With "so B"
+    # alone (1) a small model named the right option and wrote the wrong letter (cascade_demo's SFT: 22.8%,
+    # chance), and with the options restated as "71 (B)" and "so 71 (B)" (2) it wrote "C" almost always (27.7%)
+    name=DOMAIN, generate=generate, version="3",
     description="procedural STEM multiple choice (A-D) with a systematically slipping teacher"))

@@ -7,12 +7,13 @@ request that exactly one of them serves; the response is one tool call in the He
                 Request: Add 3 pens to my list."
     reasoning: "use add_item; item is \\"pens\\", count is 3"
     response:  '<tool_call>{"name": "add_item", "arguments": {"item": "pens", "count": 3}}</tool_call>'
-    answer:    '{"name": "add_item", "arguments": {"item": "pens", "count": 3}}'
 
-**Imperfect teacher.** With probability ``teacher_error_rate`` the teacher quotes integer arguments
-as strings (``"count": "3"``, and ``count is "3"`` in its trace) -- a type error the verifier
-(``nemocascade.rewards.tool``) scores 0. Only calls with an integer parameter (4 of the 7 tools) are
-affected; the others are always right.
+**Imperfect teacher.** With probability ``teacher_error_rate`` the teacher quotes two-digit integer
+arguments as strings (``"count": "13"``, and ``count is "13"`` in its trace) -- a type error the verifier
+(``nemocascade.rewards.tool``) scores 0. Only calls with an integer argument of 10 or more (in 4 of the 7
+tools) are affected; the others are always right. So greedy imitation fails on part of the problems only:
+when the slip quoted every integer, the SFT plateau sat at the share without integers (17%) at rate 0.6 and
+near 80% at 0.5, one mode or the other.
 
 Held-out split: by the request's content (tool name and arguments as sorted JSON); the choice and
 order of the other listed tools is surface wording.
@@ -85,7 +86,8 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         listed = [listed[i] for i in rng.permutation(len(listed))]
         words = {p: BOOL_WORDS[p][v] if isinstance(v, bool) else v for p, v in args.items()}
         slipped = bool(rng.random() < teacher_error_rate)  # always drawn: same problems at every rate
-        written = {p: str(v) if slipped and t == "integer" else v for (p, t, _), v in zip(params, args.values())}
+        written = {p: str(v) if slipped and t == "integer" and v >= 10 else v
+                   for (p, t, _), v in zip(params, args.values())}
         records.append({
             "domain": DOMAIN,
             "prompt": f"Tools: {'; '.join(map(signature, listed))}. Request: {template.format(**words)}",
@@ -98,5 +100,5 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
 
 
 register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="1",
+    name=DOMAIN, generate=generate, version="2",  # 2: only integers >= 10 are quoted
     description="tool calling: pick the tool and typed arguments (teacher quotes integers)"))
