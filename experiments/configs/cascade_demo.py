@@ -27,12 +27,13 @@ from nemocascade.stages import common, mopd, sft
 # domain -> generator options: the imperfect teacher's slip rate and task sizes, chosen so that a 0.92M-param model
 # lands between 30% and 70% after 1000 SFT steps. Greedy decoding follows the teacher's *mode*: a slip on every
 # problem at rate < 0.5 is mostly not imitated (json at 0.3: 94%), so headroom needs a rate near or above 0.5, or a
-# slip that bites only on some problems (math: carries). SFT-only probes, seed 0, n=200: at 600 steps / equal shares
-# code 64 / if 15 / json 10 / math 17 / mcq 24 / tool 37; at 1000 steps with the shares below and rates if 0.4,
-# json 0.3, math 0.7, mcq 0.4, tool 0.5: code 47.5 / if 46.5 / json 94 / math 69 / mcq 23 / tool 80. The first full
-# run (seed 0, json 0.5, tool 0.6, n=500): code 57.8 / if 41.6 / json 1.6 / math 52.8 / mcq 22.8 / tool 38.0; an
-# SFT-only probe with json 0.4: json 59.5 (n=200). mcq stays at chance (25%) in every probe, the two lookup families
-# alone included (24.5%): the model does not learn to point at the option's letter; open.
+# slip that bites only on some problems (math: carries; tool: integers >= 10). SFT-only probes, seed 0, n=200:
+# at 600 steps / equal shares code 64 / if 15 / json 10 / math 17 / mcq 24 / tool 37; at 1000 steps with the shares
+# below and rates if 0.4, json 0.3, math 0.7, mcq 0.4, tool 0.5: code 47.5 / if 46.5 / json 94 / math 69 / mcq 23 /
+# tool 80. The first full run (seed 0, json 0.5, tool 0.6, n=500): code 57.8 / if 41.6 / json 1.6 / math 52.8 /
+# mcq 22.8 / tool 38.0. mcq sat at chance (the model did not point at the option's letter) until its trace checked
+# the options in order (mcq v3). `cascade_demo:probe` with the rates below (commit be0105f: mcq v3, tool v2, code
+# v2): code 55.5 / if 40.0 / json 35.5 / math 43.0 / mcq 31.5 / tool 74.0 (n=200 each; tool above 70).
 DOMAINS = {
     "if": dict(teacher_error_rate=0.4),
     "mcq": dict(teacher_error_rate=0.5),
