@@ -345,6 +345,11 @@ def _math_verify():
 
     # math_verify logs every timeout at ERROR with the whole input; in RL that is thousands of lines.
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    # The first parse builds the LaTeX parser and the first verify warms sympy: ~0.1 s idle, several times that on
+    # a loaded machine, where it ran past the budget and scored a right answer 0 (\sqrt{12} vs 2\sqrt{3} through
+    # a fresh pool worker, in CI's suite beside training jobs). Done here, once per process, outside the budget.
+    verify(parse("\\boxed{2\\sqrt{3}}", parsing_timeout=None), parse("\\boxed{\\sqrt{12}}", parsing_timeout=None),
+           timeout_seconds=None)
     return parse, verify
 
 
@@ -356,6 +361,6 @@ def _mv_compare(pred: str, gold: str) -> bool:
 
 
 def _math_verify_equal(pred: str, gold: str) -> bool:
-    _math_verify()  # the first call imports sympy (~0.4 s): not part of the budget
+    _math_verify()  # the first call imports sympy and warms its parser (~0.5 s): not part of the budget
     equal, timed_out = call_with_timeout(_FALLBACK_TIMEOUT_S, _mv_compare, pred, gold)
     return bool(equal) and not timed_out
