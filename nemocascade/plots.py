@@ -219,7 +219,8 @@ def plot_sweep(sweep: dict, out_png: str) -> None:
                 ax.plot([j] * len(r["per_seed"]), [100 * v for v in r["per_seed"]], ".", color=color, alpha=0.35)
     ax.set_xticks(x, [s["name"] for s in stages], rotation=30, ha="right")
     ax.set_ylabel("pass@1 (%), mean over seeds")
-    ax.set_title(f"{sweep.get('config', '')}: seeds {sweep['seeds']} (bands: 95% across seeds)")
+    seeds = sweep["seeds"]  # a short title: a long one is clipped at the figure's left edge
+    ax.set_title(f"{sweep.get('config', '')}, {len(seeds)} seeds\n(bands: 95% across seeds)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     _save(fig, out_png)
