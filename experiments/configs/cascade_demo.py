@@ -52,7 +52,7 @@ RECOVER = dict(steps=24, prompts_per_step=16, group_size=4, eval_every=4, eval_n
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     tags = variants("cascade_demo", arg, ("tiny", "kl", "probe"))
     c = multi_base("cascade_demo", DOMAINS)
-    c.variant = arg  # 500 test and 200 validation items per domain: multi_base's
+    c.variant = arg  # eval: 500 test and 200 validation distinct items per domain (multi_base)
     c.reward.timeout_s = 8.0  # above the code sandbox's own wall limit
     # packed rows: 16 rows of 224 tokens carry ~30 examples a step (cascade_c2's measurement)
     c.stages.sft = common.stage_config(

@@ -7,6 +7,7 @@ request that exactly one of them serves; the response is one tool call in the He
                 Request: Add 3 pens to my list."
     reasoning: "use add_item; item is \\"pens\\", count is 3"
     response:  '<tool_call>{"name": "add_item", "arguments": {"item": "pens", "count": 3}}</tool_call>'
+    answer:    '{"name": "add_item", "arguments": {"item": "pens", "count": 3}}'
 
 **Imperfect teacher.** With probability ``teacher_error_rate`` the teacher quotes two-digit integer
 arguments as strings (``"count": "13"``, and ``count is "13"`` in its trace) -- a type error the verifier

@@ -281,13 +281,17 @@ def _too_costly(s: str) -> bool:
     if len(s) > _MAX_FALLBACK_CHARS or _BIG_FACTORIAL_RE.search(s):
         return True
     s = s.replace("**", "^")
-    groups = [False]  # per open group: holds a factorial? (100!)! is a factorial sympy computes in C, where
-    for i, c in enumerate(s):  # no clock can interrupt it
+    # per open group: holds a factorial? (100!)! is a factorial sympy computes in C, where no clock can interrupt it
+    groups = [False]
+    opens, opener = [], {}  # indices of the open brackets; a closing bracket's index -> its opening one's
+    for i, c in enumerate(s):
         if c in "({[":
             groups.append(False)
+            opens.append(i)
             if len(groups) > _MAX_BRACE_DEPTH + 1:
                 return True
         elif c in ")}]" and len(groups) > 1:
+            opener[i] = opens.pop()
             inner = groups.pop()
             if inner and s[i + 1:].lstrip().startswith("!"):
                 return True
@@ -307,26 +311,18 @@ def _too_costly(s: str) -> bool:
         exponent_digits += sum(d for d in digits if d >= 3)
         if "^" in exponent or max(digits, default=0) > _MAX_EXPONENT_DIGITS:
             return True
-        if _expansion_terms(s, m.start(), exponent) > _MAX_EXPANSION_TERMS:  # after: the exponent is short
+        if _expansion_terms(s, m.start(), exponent, opener) > _MAX_EXPANSION_TERMS:  # after: the exponent is short
             return True
     return exponent_digits > _MAX_BIG_EXPONENT_DIGITS
 
 
-def _expansion_terms(s: str, caret: int, exponent: str) -> int:
+def _expansion_terms(s: str, caret: int, exponent: str, opener: dict[int, int]) -> int:
     """Terms in the expansion of the power at ``s[caret]`` when its base is a bracketed sum with a variable
     and its exponent a whole number: C(n + k - 1, k - 1) for k summands to the n (an upper bound where sums
-    nest); 1 for anything else."""
+    nest); 1 for anything else. ``opener`` maps each closing bracket of ``s`` to its opening one."""
     end = len(s[:caret].rstrip()) - 1
-    if end < 0 or s[end] not in ")]}" or not exponent.strip().isdigit():
-        return 1
-    depth, start = 0, None
-    for i in range(end, -1, -1):  # the bracket that opens the base
-        depth += s[i] in ")]}"
-        depth -= s[i] in "([{"
-        if depth == 0:
-            start = i
-            break
-    if start is None:
+    start = opener.get(end)
+    if start is None or not exponent.strip().isdigit():
         return 1
     base = s[start + 1:end]
     if not re.search(r"[a-zA-Z]", base):

@@ -87,10 +87,11 @@ class RunContext:
         generator may draw the same problem twice (a small problem space), and a repeat is not a new independent
         item: counting it would shrink every interval. So the configs generate more test and validation records
         than they score. `n` in summary.json is the number of distinct items scored."""
-        seen, out = set(), []
-        for r in self.records(domain, split):
+        src, seen, out = self.sources[domain][split], set(), []
+        for i in range(len(src)):  # read lazily: the split holds more records than are scored
             if n is not None and len(out) == n:
                 break
+            r = src[i]
             if r["prompt"] not in seen:
                 seen.add(r["prompt"])
                 out.append(r)
