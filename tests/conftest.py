@@ -64,7 +64,7 @@ def logged(tx):
 
 
 def distinct_items(cfg, domain, split, n):
-    """How many items an evaluation of `n` scores: `n`, or every distinct problem of the split when it holds fewer,
+    """How many items an evaluation of `n` scores: `n`, or every distinct problem (`domains.problem_key`) of the split when it holds fewer,
     from the generator itself (the data the run builds: `generate_split` with the run's seed and options); what
     `n` in summary.json must count."""
     from nemocascade.data import domains
@@ -72,4 +72,4 @@ def distinct_items(cfg, domain, split, n):
     dc = cfg.data.domains[domain]
     size = dc.num_test if split == "test" else (dc.get("num_val") or dc.num_test)
     records = domains.generate_split(domain, split, size, cfg.seed, **dc.opts.to_dict())
-    return min(n, len({r["prompt"] for r in records}))
+    return min(n, len({domains.problem_key(r) for r in records}))

@@ -70,7 +70,7 @@ def test_procedural_test_splits_hold_eval_n_distinct_problems(name):
     for d, dc in cfg.data.domains.items():
         for split, n in (("test", cfg.eval.n), ("val", cfg.eval.val_n)):
             records = domains.generate_split(d, split, dc.num_test, cfg.seed, **dc.opts.to_dict())
-            assert len({r["prompt"] for r in records}) >= n, (d, split)
+            assert len({domains.problem_key(r) for r in records}) >= n, (d, split)
 
 
 @pytest.mark.parametrize("name", ["cascade_c2", "cascade_demo"])

@@ -42,10 +42,16 @@ def test_no_avg_at_k_by_default(monkeypatch):
 def test_eval_records_are_the_first_n_distinct_items_of_the_split():
     from nemocascade.stages.common import RunContext
 
-    prompts = ["a", "b", "a", "c", "b", "d", "e"]
-    src = [{"prompt": p, "id": str(i)} for i, p in enumerate(prompts)]
+    # problem keys (the id after domain/split/index/), and the prompts that word them: "b" twice in two wordings
+    keys = ["a", "b", "a", "c", "b", "d", "e"]
+    src = [{"prompt": f"{k} wording {i}", "id": f"math/test/{i}/{k}"} for i, k in enumerate(keys)]
     ctx = RunContext(*([None] * 5), sources={"math": {"test": src}}, log=None, param_shardings=None, pool=None)
-    # a repeat is skipped, and the scan goes past the first n records to find n distinct ones
-    assert [r["id"] for r in ctx.eval_records("math", "test", 4)] == ["0", "1", "3", "5"]
-    assert [r["id"] for r in ctx.eval_records("math", "test", 50)] == ["0", "1", "3", "5", "6"]  # fewer: all
-    assert [r["id"] for r in ctx.eval_records("math", "test")] == ["0", "1", "3", "5", "6"]
+    ids = lambda records: [int(r["id"].split("/")[2]) for r in records]
+    # a repeat (same key, any wording) is skipped, and the scan goes past the first n records to find n distinct
+    assert ids(ctx.eval_records("math", "test", 4)) == [0, 1, 3, 5]
+    assert ids(ctx.eval_records("math", "test", 50)) == [0, 1, 3, 5, 6]  # fewer: all
+    assert ids(ctx.eval_records("math", "test")) == [0, 1, 3, 5, 6]
+    # an id without a key (a real dataset's name/task_id): the prompt is the problem
+    real = [{"prompt": p, "id": f"humaneval/{i}"} for i, p in enumerate(["x", "y", "x"])]
+    ctx.sources["code"] = {"test": real}
+    assert [r["id"] for r in ctx.eval_records("code", "test")] == ["humaneval/0", "humaneval/1"]

@@ -3,8 +3,9 @@
     SFT (all six) -> IF-RL -> multi-domain RL (mcq 55% / tool 30% / json 15%) -> math RL -> code RL -> MOPD
                                                               and, from the same code_rl checkpoint: [grpo_arm]
 
-with every domain evaluated after every stage on n=500 test items (greedy pass@1, avg@4 at T=1, 95% intervals,
-paired gains over the stage's start) and on 200 validation items, which alone choose MOPD's three teachers as the
+with every domain evaluated after every stage on n=500 test problems (greedy pass@1, avg@2 at the stage's sampling,
+95% intervals, paired gains over the stage's start) and on 200 validation problems, which alone choose MOPD's three
+teachers as the
 paper's: one multi-domain teacher for if / mcq / tool / json (the best validation mean after IF-RL and
 multi-domain RL), math <- best:math, code <- best:code. `grpo_arm` is GRPO on the same six domains from the same
 regressed student with the same prompts x rollouts per step as MOPD (claim (c): which recovers faster).
@@ -33,11 +34,15 @@ from nemocascade.stages import common, mopd, sft
 # tool 80. The first full run (seed 0, json 0.5, tool 0.6, n=500): code 57.8 / if 41.6 / json 1.6 / math 52.8 /
 # mcq 22.8 / tool 38.0. mcq sat at chance (the model did not point at the option's letter) until its trace checked
 # the options in order (mcq v3). `cascade_demo:probe` with the rates below (commit be0105f: mcq v3, tool v2, code
-# v2): code 55.5 / if 40.0 / json 35.5 / math 43.0 / mcq 31.5 / tool 74.0 (n=200 each; tool above 70).
+# v2): code 55.5 / if 40.0 / json 35.5 / math 43.0 / mcq 31.5 / tool 74.0 (n=200 each; tool above 70). Then
+# evaluation counted a problem once by its key, not its prompt (tool's 500 test items had been 49 requests in
+# other wordings), and tool v3 has ~7000 requests: the probe gave code 44.0 / if 23.5 / json 37.5 / math 41.5 /
+# mcq 36.5 / tool 20.5 (tool: wrong strings copied, e.g. "funk" for "soul", besides the slip), so if 0.4 -> 0.25
+# and tool 0.6 -> 0.4 (the slip no longer the mode: what is left is the copying).
 DOMAINS = {
-    "if": dict(teacher_error_rate=0.4),
+    "if": dict(teacher_error_rate=0.25),
     "mcq": dict(teacher_error_rate=0.5),
-    "tool": dict(teacher_error_rate=0.6),
+    "tool": dict(teacher_error_rate=0.4),
     "json": dict(teacher_error_rate=0.4),
     "math": dict(teacher_error_rate=0.7, max_digits=2, families={"add": 0.5, "sub": 0.5}),
     "code": dict(teacher_error_rate=0.5),
@@ -52,18 +57,22 @@ RECOVER = dict(steps=24, prompts_per_step=16, group_size=4, eval_every=4, eval_n
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     tags = variants("cascade_demo", arg, ("tiny", "kl", "probe"))
     c = multi_base("cascade_demo", DOMAINS)
-    c.variant = arg  # eval: 500 test and 200 validation distinct items per domain (multi_base)
+    c.variant = arg  # eval: 500 test and 200 validation distinct problems per domain (multi_base)
+    # avg@2, not 4: avg@k samples k x 500 items per stage domain, and at 4 it was ~800 s of a seed's ~85 min (seven
+    # evaluations, MOPD's and the GRPO arm's on all six domains); greedy pass@1 is what the claims rest on
+    c.eval.avg_k = 2
     c.reward.timeout_s = 8.0  # above the code sandbox's own wall limit
     # packed rows: 16 rows of 224 tokens carry ~30 examples a step (cascade_c2's measurement)
     c.stages.sft = common.stage_config(
         "sft", sft.DEFAULTS, domains=list(DOMAINS), steps=1000, batch_size=16, seq_len=224, pack=True,
         mix=dict(SFT_MIX), checkpoint_every=100, eval_every=0,
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=60, weight_decay=0.01, min_lr_frac=0.05))
+    # 20 steps a stage (seed 0 of the first data moved each stage's own domain by +6 to +68 points in 30)
     rl = dict(prompts_per_step=16, group_size=8, eval_every=0, checkpoint_every=10)
-    c.stages.if_rl = grpo_stage(["if"], 30, **rl)
-    c.stages.multi_rl = grpo_stage(MULTI, 30, **rl)  # the paper's 55/30/15 mix (PAPER_STAGE / MULTI_DOMAIN_MIX)
-    c.stages.math_rl = grpo_stage(["math"], 30, **rl)
-    c.stages.code_rl = grpo_stage(["code"], 30, **rl)
+    c.stages.if_rl = grpo_stage(["if"], 20, **rl)
+    c.stages.multi_rl = grpo_stage(MULTI, 20, **rl)  # the paper's 55/30/15 mix (PAPER_STAGE / MULTI_DOMAIN_MIX)
+    c.stages.math_rl = grpo_stage(["math"], 20, **rl)
+    c.stages.code_rl = grpo_stage(["code"], 20, **rl)
     c.stages.mopd = common.stage_config(
         "mopd", mopd.DEFAULTS, domains=list(DOMAINS), max_new_tokens=112, teachers=dict(TEACHERS),
         optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,

@@ -97,6 +97,17 @@ def split_of(key: str, test_every: int = 10) -> str:
     return ("test", "val")[h] if (h := int.from_bytes(digest, "big") % test_every) < 2 else "train"
 
 
+def problem_key(record: dict) -> str:
+    """The record's canonical problem key, the part of its ``id`` after ``domain/split/index/`` (what
+    :func:`split_of` hashed); the prompt for an id without one (a real dataset's ``name/task_id``).
+
+    Two records with one key are one problem in two surface wordings (another name or item, another option
+    order, another list of tools beside the right one): evaluation counts them once (``RunContext.eval_records``),
+    since a repeat is not an independent item and counting it would shrink every interval."""
+    parts = record["id"].split("/", 3)
+    return parts[3] if len(parts) == 4 else record["prompt"]
+
+
 def check_args(split, teacher_error_rate: float = 0.0) -> None:
     """The arguments every generator shares: ValueError naming the bad one."""
     if split not in (*SPLITS, None):

@@ -447,11 +447,11 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
             "reasoning": plan_text(problem.topic, planned),
             "response": response,
             "answer": json.dumps(constraints),
-            "id": f"{DOMAIN}/{split or 'all'}/{len(records)}/{problem.topic.replace(' ', '_')}",
+            "id": f"{DOMAIN}/{split or 'all'}/{len(records)}/{problem.key}",
         })
     return records
 
 
 register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="1",
+    name=DOMAIN, generate=generate, version="2",  # 2: the id carries the problem key (evaluation's unit)
     description="procedural instruction following (IFEval-style constraints) with a slipping teacher"))

@@ -3,7 +3,7 @@
 The prompt lists 2-3 tools from a fixed library (name and typed parameters) and a one-line user
 request that exactly one of them serves; the response is one tool call in the Hermes/Qwen format:
 
-    prompt:    "Tools: add_item(item: string, count: integer); set_light(room: string, on: boolean).
+    prompt:    "Tools: add_item(item: string, count: integer); set_alarm(hour: integer, label: string).
                 Request: Add 3 pens to my list."
     reasoning: "use add_item; item is \\"pens\\", count is 3"
     response:  '<tool_call>{"name": "add_item", "arguments": {"item": "pens", "count": 3}}</tool_call>'
@@ -12,9 +12,9 @@ request that exactly one of them serves; the response is one tool call in the He
 **Imperfect teacher.** With probability ``teacher_error_rate`` the teacher quotes two-digit integer
 arguments as strings (``"count": "13"``, and ``count is "13"`` in its trace) -- a type error the verifier
 (``nemocascade.rewards.tool``) scores 0. Only calls with an integer argument of 10 or more (in 4 of the 7
-tools) are affected; the others are always right. So greedy imitation fails on part of the problems only:
-when the slip quoted every integer, the SFT plateau sat at the share without integers (17%) at rate 0.6 and
-near 80% at 0.5, one mode or the other.
+tools, about a third of all requests) are affected; the others are always right. So greedy imitation fails on
+part of the problems only: when the slip quoted every integer, the SFT plateau sat at the share without integers
+(17%) at rate 0.6 and near 80% at 0.5, one mode or the other.
 
 Held-out split: by the request's content (tool name and arguments as sorted JSON); the choice and
 order of the other listed tools is surface wording.
@@ -30,24 +30,53 @@ from nemocascade.data.math import ITEMS, NAMES
 from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
 
 DOMAIN = "tool"
-# name -> ((param, type, values), ...), request template (booleans are spelled by the template).
+# Value lists large enough that every tool has about 700-1500 distinct requests, ~10% of them held out for test and
+# as many for validation: the test split holds over 500 distinct requests (v2's 7 tools held 492 requests in all,
+# so its test split had 49, worded over and over with other tool lists).
+CITIES = ("Paris", "Rome", "Oslo", "Lima", "Cairo", "Tokyo", "Berlin", "Madrid", "Dublin", "Vienna", "Prague",
+          "Athens", "Lisbon", "Warsaw", "Seoul", "Delhi", "Dubai", "Sydney", "Boston", "Denver", "Austin", "Miami",
+          "Chicago", "Toronto", "Quito", "Bogota", "Nairobi", "Lagos", "Accra", "Manila", "Hanoi", "Bangkok",
+          "Jakarta", "Moscow", "Kyiv", "Riga", "Minsk", "Sofia", "Zagreb", "Bern", "Milan", "Naples", "Porto",
+          "Seville", "Munich", "Hamburg", "Geneva", "Zurich", "Lyon", "Nice")
+LABELS = ("gym", "work", "school", "lunch", "bus", "train", "meds", "yoga", "dinner", "class", "meeting", "walk",
+          "nap", "study", "call", "shop", "swim", "run", "piano", "tennis", "golf", "chess", "bake", "cook", "read",
+          "write", "paint", "dance", "sing", "drive", "fly", "ship", "mail", "bank", "vet", "dentist", "doctor",
+          "coffee", "tea", "water", "pills", "stretch")
+PEOPLE = NAMES + ("Ben", "Amy", "Dan", "Ivy", "Joe", "Kim", "Ian", "Liz", "Ray", "Sue", "Ted", "Uma", "Vic", "Wes",
+                  "Yan", "Ada", "Bob", "Cal", "Dee", "Eli", "Fay", "Gus", "Hal", "Ida", "Jay", "Kai", "Lou", "Ned")
+TEXTS = ("hello", "call me", "on my way", "thanks", "see you soon", "running late", "good night", "good morning",
+         "happy birthday", "I am home", "call you later", "miss you", "well done", "sounds good", "no problem",
+         "take care", "be right back", "love you", "see you at noon", "lunch is ready", "where are you",
+         "I am outside", "all done", "start without me", "on the train", "just landed", "almost there", "good luck")
+GOODS = ITEMS + ("eggs", "lemons", "onions", "carrots", "bananas", "pears", "plums", "peaches", "cups", "plates",
+                 "forks", "spoons", "knives", "bowls", "candles", "socks", "shirts", "hats", "gloves", "towels",
+                 "batteries", "bulbs", "pencils", "erasers", "folders", "notebooks", "stickers", "buttons", "beads",
+                 "ribbons", "tissues", "napkins", "bottles", "jars", "boxes", "bags", "tomatoes", "potatoes",
+                 "cookies", "muffins", "bagels", "oranges", "grapes", "melons", "limes", "nails")
+GENRES = ("jazz", "rock", "pop", "folk", "blues", "soul", "funk", "metal", "disco", "opera", "reggae", "techno",
+          "country", "classical")
+ROOMS = ("kitchen", "bedroom", "hall", "office", "garage", "garden", "attic", "basement", "bathroom", "studio",
+         "porch", "lounge", "library", "nursery", "den", "patio", "cellar", "gym", "balcony", "pantry", "closet",
+         "hallway", "laundry", "loft", "lobby", "workshop", "playroom", "sunroom", "terrace", "foyer", "shed", "barn",
+         "cabin", "dining room", "guest room", "living room")
+COLORS = ("red", "blue", "green", "white", "yellow", "orange", "pink", "purple", "warm", "cool", "gold", "teal",
+          "amber", "violet")
+# name -> ((param, type, values), ...), request template (booleans are spelled by the template). Integers of 10
+# or more (the teacher's slip) in 4 tools: days 12/21, hour 15/24, count 11/19, people 11/19 of the values.
 TOOLS = {
-    "get_weather": ((("city", "string", ("Paris", "Rome", "Oslo", "Lima", "Cairo", "Tokyo")),
-                     ("days", "integer", tuple(range(1, 15)))),
+    "get_weather": ((("city", "string", CITIES), ("days", "integer", tuple(range(1, 22)))),
                     "What is the weather in {city} for {days} days?"),
-    "set_alarm": ((("hour", "integer", tuple(range(1, 25))),
-                   ("label", "string", ("gym", "work", "school", "lunch", "bus"))),
+    "set_alarm": ((("hour", "integer", tuple(range(1, 25))), ("label", "string", LABELS)),
                   "Set an alarm at {hour} called {label}."),
-    "send_message": ((("to", "string", NAMES), ("text", "string", ("hello", "call me", "on my way", "thanks"))),
-                     "Send {to} the message: {text}."),
-    "play_music": ((("genre", "string", ("jazz", "rock", "pop", "folk")), ("loud", "boolean", (True, False))),
-                   "Play some {genre} music {loud}."),
-    "add_item": ((("item", "string", ITEMS), ("count", "integer", tuple(range(2, 21)))),
+    "send_message": ((("to", "string", PEOPLE), ("text", "string", TEXTS)), "Send {to} the message: {text}."),
+    "play_music": ((("genre", "string", GENRES), ("room", "string", ROOMS), ("loud", "boolean", (True, False))),
+                   "Play some {genre} music in the {room} {loud}."),
+    "add_item": ((("item", "string", GOODS), ("count", "integer", tuple(range(2, 21)))),
                  "Add {count} {item} to my list."),
-    "book_table": ((("name", "string", NAMES), ("people", "integer", tuple(range(2, 13)))),
+    "book_table": ((("name", "string", PEOPLE), ("people", "integer", tuple(range(2, 21)))),
                    "Book a table for {people} under {name}."),
-    "set_light": ((("room", "string", ("kitchen", "bedroom", "hall", "office")), ("on", "boolean", (True, False))),
-                  "Turn {on} the light in the {room}."),
+    "set_light": ((("room", "string", ROOMS), ("color", "string", COLORS), ("on", "boolean", (True, False))),
+                  "Turn {on} the {color} light in the {room}."),
 }
 BOOL_WORDS = {"loud": ("quietly", "loudly"), "on": ("off", "on")}  # (False, True) spellings
 
@@ -101,5 +130,5 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
 
 
 register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="2",  # 2: only integers >= 10 are quoted
+    name=DOMAIN, generate=generate, version="3",  # 2: only integers >= 10 are quoted; 3: ~7000 requests, not 492
     description="tool calling: pick the tool and typed arguments (teacher quotes integers)"))

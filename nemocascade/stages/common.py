@@ -19,7 +19,7 @@ import ml_collections
 import optax
 
 from nemocascade import checkpoint, evaluation, interrupts, optim, train_state
-from nemocascade.data import pipeline
+from nemocascade.data import domains, pipeline
 from nemocascade.configs import stage_order
 from nemocascade.errors import Diverged, RunStop
 from nemocascade.mesh import replicated, shard_batch, to_host
@@ -83,17 +83,18 @@ class RunContext:
         return [src[i] for i in range(n)]
 
     def eval_records(self, domain: str, split: str, n: int | None = None) -> list[dict]:
-        """The first `n` distinct items of a split (every distinct item, if it holds fewer), for evaluation: a
-        generator may draw the same problem twice (a small problem space), and a repeat is not a new independent
-        item: counting it would shrink every interval. So the configs generate more test and validation records
-        than they score. `n` in summary.json is the number of distinct items scored."""
+        """The first `n` distinct problems of a split (every one, if it holds fewer), for evaluation: a generator
+        may draw the same problem twice (a small problem space), or in another surface wording (its canonical key,
+        `domains.problem_key`, is the same), and a repeat is not a new independent item: counting it would shrink
+        every interval. So the configs generate more test and validation records than they score. `n` in
+        summary.json is the number of distinct problems scored."""
         src, seen, out = self.sources[domain][split], set(), []
         for i in range(len(src)):  # read lazily: the split holds more records than are scored
             if n is not None and len(out) == n:
                 break
             r = src[i]
-            if r["prompt"] not in seen:
-                seen.add(r["prompt"])
+            if (key := domains.problem_key(r)) not in seen:
+                seen.add(key)
                 out.append(r)
         return out
 
