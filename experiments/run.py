@@ -3,7 +3,8 @@
 NAME is a file in experiments/configs/ (or a path to a config file); VARIANT is passed to its
 `get_config(arg)`. Every config key can be overridden on the command line. An interrupted run resumes
 where it stopped when started again with the same workdir and config (`--allow_config_change=eval.*` lets
-named keys differ; the change is recorded in summary.json).
+named keys differ; the change is recorded in summary.json). `--rescore` evaluates a workdir's finished stages
+again without training (after a change to evaluation).
 
 Exit status: 0 done; 2 bad input (a config key, value, path, or a workdir started with another config);
 3 training diverged (non-finite updates); 75 workdir in use by another run; 130/143 stopped by SIGINT/SIGTERM
@@ -41,6 +42,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "experiments/configs/N
 _WORKDIR = flags.DEFINE_string("workdir", None, "run directory (default runs/NAME[_VARIANT])")
 _ALLOW = flags.DEFINE_list("allow_config_change", [], "config keys (fnmatch patterns, e.g. eval.*) a resumed run "
                            "may change; the change is recorded in summary.json")
+_RESCORE = flags.DEFINE_bool("rescore", False, "evaluate the workdir's finished stages again from their final params, "
+                              "without training (after a change to evaluation); rewrites their scores in "
+                              "summary.json, eval_scores/, the tables and plots")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "multi-host: call jax.distributed.initialize() first "
                                  "(coordinator/process ids from the environment: TPU VM, SLURM, or "
                                  "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID)")
@@ -113,7 +117,8 @@ def run():
     variant = cfg.get("variant") or None
     name = cfg.name
     workdir = _WORKDIR.value or os.path.join("runs", name + (f"_{variant}" if variant else ""))
-    summary = cascade.run(cfg, workdir, name, variant, allow_changes=_ALLOW.value)
+    summary = (cascade.rescore if _RESCORE.value else cascade.run)(cfg, workdir, name, variant,
+                                                                   allow_changes=_ALLOW.value)
     print(f"done: {os.path.join(workdir, 'summary.json')} ({summary['total_wall_s']:.0f}s) [{spec}]")
 
 

@@ -6,7 +6,8 @@ DIR/seed_S.log), with any other `--config.*` flags passed through. Resumable: ru
 every seed resumes where it stopped (a finished seed only re-reads its summary). After the seeds it writes
 DIR/sweep.json (../shared/RUN_OUTPUT.md: per stage x domain the mean over seeds with a 95% Student-t interval,
 and the paired gain of each stage over its start), DIR/sweep_table.md and DIR/sweep.png (means with bands).
-`--aggregate_only` re-aggregates whatever seeds have a summary.json, while others still run.
+`--aggregate_only` re-aggregates whatever seeds have a summary.json, while others still run; `--rescore`
+evaluates every seed's finished stages again without training (run.py's flag), then aggregates.
 
 Exit status: 0 when every seed finished; otherwise the first failing seed's status (its log names the problem).
 """
@@ -33,9 +34,11 @@ def parse(argv):
     ap.add_argument("--parallel", type=int, default=1, help="seeds run at once (each a process; 1: one by one)")
     ap.add_argument("--aggregate_only", action="store_true", help="write sweep.json from the summaries there now")
     args, passthrough = ap.parse_known_args(argv)
-    bad = [a for a in passthrough if not a.startswith("--config.") and not a.startswith("--allow_config_change")]
+    bad = [a for a in passthrough
+           if not a.startswith(("--config.", "--allow_config_change")) and a not in ("--rescore", "--norescore")]
     if bad:
-        ap.error(f"unknown arguments {bad}: only --config.KEY=VALUE and --allow_config_change pass through to run.py")
+        ap.error(f"unknown arguments {bad}: only --config.KEY=VALUE, --allow_config_change and --rescore pass "
+                 "through to run.py")
     if any(a.startswith("--config.seed") for a in passthrough):
         ap.error("--config.seed: the sweep sets each seed's own; use --seeds")
     try:

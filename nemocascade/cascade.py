@@ -333,12 +333,8 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
         ctx.abstract_params = checkpoint.abstract_like(jax.eval_shape(params_fn, jax.random.key(0)),
                                                        ctx.param_shardings)
         if cfg.get("eval_init") and not ctx.log.summary.get("init"):  # the starting model's scores ("before")
-            t0 = time.time()
-            scores, val, _ = _evaluate_and_keep_items(ctx, "init", init)
             checkpoint.save_params(_final_path(ctx, "init"), init)
-            ctx.checkpoints.add_stage("init", _final_path(ctx, "init"), _pass1(val))  # chosen on validation
-            ctx.log.set_init(scores, time.time() - t0, val=val)
-            print("[init] held-out: " + ", ".join(f"{d} {e['pass@1']:.3f}" for d, e in scores.items()), flush=True)
+            _evaluate_init(ctx, init)
         main = None  # the last finished main-line stage: where the next stage starts by default
         loaded = (None, init)  # (stage name, params) in memory, so a handoff does not reload from disk
         for name in stage_order(cfg):
@@ -361,27 +357,8 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
             teacher_stages = {d: f"stage:{ctx.checkpoints.stage_of(r)}" for d, r in refs.items()} if refs else None
             t0 = time.time()
             params = kind.run(ctx, name, stage, loaded[1])
-            path = _final_path(ctx, name)
-            checkpoint.save_params(path, params)
-            train_s = time.time() - t0
-            reuse = not kind.trains_policy and start is not None
-            scores, val, items = ((_scores_of(ctx, start), _scores_of(ctx, start, "val"), None) if reuse
-                                  else _evaluate_and_keep_items(ctx, name, params, stage))
-            # `best:<domain>` is chosen on validation scores, never on the test split the tables report
-            ctx.checkpoints.add_stage(name, path, _pass1(val), stage.side_branch, started_from=start)
-            extra = {"val": val, "train_wall_s": train_s, "side_branch": bool(stage.side_branch),
-                     "started_from": start}
-            if reuse:  # what the stage trained is judged by its own held-out metrics (RM pairwise accuracy)
-                rows = [r for r in load_metrics(os.path.join(workdir, "metrics.jsonl")) if r["stage"] == name]
-                extra["stage_eval"] = {k: v for k, v in rows[-1].items() if k.startswith("eval/")} if rows else {}
-            if items is not None:  # paired against what the stage started from (RUN_OUTPUT.md: paired differences)
-                before = start or ("init" if ctx.log.summary.get("init") else None)
-                extra["paired_vs_start"] = _paired_gains(ctx, before, items)
-            if teacher_stages:
-                extra["teacher_scores"] = {d: ctx.checkpoints.score(t, d) for d, t in teacher_stages.items()}
-            ctx.log.end_stage(name, stage.kind, list(stage.domains), int(stage.steps), time.time() - t0, scores,
-                              teachers=teacher_stages, **extra)
-            _report(ctx, name, scores)
+            checkpoint.save_params(_final_path(ctx, name), params)
+            _evaluate_stage(ctx, name, params, start, teacher_stages, train_s=time.time() - t0, t0=t0)
             if not stage.side_branch:
                 main, loaded = name, (name, params)
         ctx.log.finish(time.time() - t_start)
@@ -389,6 +366,89 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
     finally:
         ctx.pool.close()
         ctx.log.close()
+
+
+def _evaluate_init(ctx, init, wall_s=None) -> None:
+    """The starting model's test and validation scores (`summary["init"]`, registry name `stage:init`)."""
+    t0 = time.time()
+    scores, val, _ = _evaluate_and_keep_items(ctx, "init", init)
+    ctx.checkpoints.add_stage("init", _final_path(ctx, "init"), _pass1(val))  # chosen on validation
+    ctx.log.set_init(scores, time.time() - t0 if wall_s is None else wall_s, val=val)
+    print("[init] held-out: " + ", ".join(f"{d} {e['pass@1']:.3f}" for d, e in scores.items()), flush=True)
+
+
+def _evaluate_stage(ctx, name, params, start, teacher_stages, *, train_s, t0=None, wall_s=None) -> None:
+    """Stage `name`'s evaluation and its summary entry: test and validation scores of its final `params` (or of
+    its `start`, for a stage that trains no policy), the registry's validation scores, paired gains over `start`,
+    the teachers' scores, the tables and plots. The entry's wall time is `wall_s`, or the time since `t0`."""
+    stage = ctx.cfg.stages[name]
+    reuse = not kinds.get(stage.kind).trains_policy and start is not None
+    scores, val, items = ((_scores_of(ctx, start), _scores_of(ctx, start, "val"), None) if reuse
+                          else _evaluate_and_keep_items(ctx, name, params, stage))
+    # `best:<domain>` is chosen on validation scores, never on the test split the tables report
+    ctx.checkpoints.add_stage(name, _final_path(ctx, name), _pass1(val), stage.side_branch, started_from=start)
+    extra = {"val": val, "train_wall_s": train_s, "side_branch": bool(stage.side_branch), "started_from": start}
+    if reuse:  # what the stage trained is judged by its own held-out metrics (RM pairwise accuracy)
+        rows = [r for r in load_metrics(os.path.join(ctx.workdir, "metrics.jsonl")) if r["stage"] == name]
+        extra["stage_eval"] = {k: v for k, v in rows[-1].items() if k.startswith("eval/")} if rows else {}
+    if items is not None:  # paired against what the stage started from (RUN_OUTPUT.md: paired differences)
+        before = start or ("init" if ctx.log.summary.get("init") else None)
+        extra["paired_vs_start"] = _paired_gains(ctx, before, items)
+    if teacher_stages:
+        extra["teacher_scores"] = {d: ctx.checkpoints.score(t, d) for d, t in teacher_stages.items()}
+    ctx.log.end_stage(name, stage.kind, list(stage.domains), int(stage.steps),
+                      time.time() - t0 if wall_s is None else wall_s, scores, teachers=teacher_stages, **extra)
+    _report(ctx, name, scores)
+
+
+def rescore(cfg, workdir: str, config_name: str, variant: str | None = None, allow_changes=()) -> dict:
+    """Evaluate a run's finished stages again, without training: each from its final params
+    (checkpoints/final/<stage>, and the starting model's if it was scored), with the evaluation as it is now
+    (after a change to the evaluation code, or to `eval.*` keys named in `allow_changes`). Rewrites what reports
+    them: each stage's test and validation scores, paired gains and teacher scores in summary.json (wall times
+    stay as trained), eval_scores/, the registry's validation scores, the tables and plots.
+
+    What the run chose while it trained stands: a MOPD stage keeps the teachers it was distilled from (the
+    summary's `teachers`), even if the new validation scores would choose others; a later resume chooses with
+    the new scores. `summary["rescored"]` lists when, and the evaluation keys then."""
+    validate(cfg)
+    lock = workdir_lib.WorkdirLock(workdir)
+    if jax.process_index() == 0:
+        lock.acquire()
+    try:
+        path = os.path.join(workdir, "summary.json")
+        if not os.path.exists(path) or not json.load(open(path)).get("stages"):
+            raise BadInput(f"{workdir}: no finished stage to rescore ({path} lists none)")
+        changes = workdir_lib.check_config(workdir, cfg.to_dict(), allow_changes)
+        ctx = setup(cfg, workdir, config_name, variant)
+        try:
+            done = list(ctx.log.summary["stages"])
+            missing = [e["name"] for e in done if not os.path.exists(_final_path(ctx, e["name"]))]
+            if missing:
+                raise BadInput(f"{workdir}: no final params for finished stage(s) {missing} under checkpoints/final")
+            workdir_lib.save_config(workdir, cfg.to_dict())
+            ctx.log.record_config_changes(changes)
+            ctx.checkpoints = named_checkpoints.NamedCheckpoints(os.path.join(workdir, "checkpoints"))
+            ctx.checkpoints.data = {"stages": {}, "best": {}}  # rebuilt, stage by stage, from the new scores
+            ctx.abstract_params = checkpoint.abstract_like(
+                    jax.eval_shape(functools.partial(init_params, ctx.model_cfg), jax.random.key(0)), ctx.param_shardings)
+            load = lambda name: checkpoint.load_params(_final_path(ctx, name), ctx.abstract_params)  # noqa: E731
+            if ctx.log.summary.get("init"):
+                _evaluate_init(ctx, load("init"), wall_s=ctx.log.summary["init"]["wall_s"])
+            for entry in done:
+                name = entry["name"]
+                interrupts.check(f"before rescoring stage {name!r}")
+                _evaluate_stage(ctx, name, load(name), entry.get("started_from"), entry.get("teachers"),
+                                train_s=entry.get("train_wall_s", entry["wall_s"]), wall_s=entry["wall_s"])
+            ctx.log.summary.setdefault("rescored", []).append(
+                    {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "eval": cfg.eval.to_dict()})
+            ctx.log.finish(ctx.log.summary.get("total_wall_s") or sum(e["wall_s"] for e in done))
+            return ctx.log.summary
+        finally:
+            ctx.pool.close()
+            ctx.log.close()
+    finally:
+        lock.release()
 
 
 def _teacher_refs(stage) -> dict[str, str] | None:

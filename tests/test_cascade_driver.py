@@ -1,7 +1,7 @@
 """The cascade driver on a 4-stage run (tiny math, few steps): main line, a side branch (more SFT from the SFT
 checkpoint) that does not advance it, an optimiser kept across a handoff, MOPD distilling from the side branch,
-the teacher registry and the manifest; and a resume that skips finished stages and refuses a changed teacher
-mapping."""
+the teacher registry and the manifest; a resume that skips finished stages and refuses a changed teacher
+mapping; and a rescore that evaluates the finished stages again without training."""
 import json
 
 import numpy as np
@@ -89,6 +89,40 @@ def test_side_branch_keep_optimizer_mopd_and_resume(tmp_path):
     with pytest.raises(ValueError, match=r"teachers\['distil'\]"):
         cascade.run(c2, wd, "driver_test", allow_changes=["stages.distil.teachers.*"])
     assert json.load(open(f"{wd}/config.json"))["stages"]["distil"]["teachers"] == {"math": "stage:branch"}
+
+    _check_rescore(tmp_path, wd, summary)
+
+
+def _check_rescore(tmp_path, wd, before):
+    """`cascade.rescore` of the finished run `wd`: every stage evaluated again from its final params with eval.n 8,
+    nothing trained, the choices the run made (teachers, starts, wall times) kept."""
+    old_items = {s["name"]: json.load(open(f"{wd}/eval_scores/{s['name']}.json")) for s in before["stages"]}
+    metrics = open(f"{wd}/metrics.jsonl").read()
+    fewer = _cfg()
+    fewer.eval.n = 8
+    with pytest.raises(ValueError, match=r"eval\.n: 16 -> 8"):  # a changed key still needs allowing
+        cascade.rescore(fewer, wd, "driver_test")
+    after = cascade.rescore(fewer, wd, "driver_test", allow_changes=["eval.n"])
+    assert open(f"{wd}/metrics.jsonl").read() == metrics  # nothing trained
+    old = {s["name"]: s for s in before["stages"]}
+    for s in after["stages"]:
+        name = s["name"]
+        assert (s["wall_s"], s["teachers"], s["started_from"]) == (old[name]["wall_s"], old[name]["teachers"],
+                                                                   old[name]["started_from"])
+        items = json.load(open(f"{wd}/eval_scores/{name}.json"))
+        # greedy decoding is deterministic and the first 8 distinct items are the first 8 of the 16: the same scores
+        assert items["math"] == old_items[name]["math"][:8] and s["eval"]["math"]["n"] == 8
+        assert s["eval"]["math"]["pass@1"] == pytest.approx(np.mean(items["math"]))
+        assert s["eval"]["humaneval"]["n"] == 4
+    grpo = next(s for s in after["stages"] if s["name"] == "grpo")
+    gain = np.mean(old_items["grpo"]["math"][:8]) - np.mean(old_items["sft"]["math"][:8])
+    assert grpo["paired_vs_start"]["math"]["mean_gain"] == pytest.approx(gain)
+    distil = next(s for s in after["stages"] if s["name"] == "distil")
+    assert distil["teacher_scores"]["math"] == old["branch"]["val"]["math"]["pass@1"]  # validation is unchanged
+    assert after["rescored"][-1]["eval"]["n"] == 8 and after["config_changes"][-1]["changes"][0]["key"] == "eval.n"
+    assert json.load(open(f"{wd}/config.json"))["eval"]["n"] == 8
+    with pytest.raises(ValueError, match="no finished stage to rescore"):
+        cascade.rescore(_cfg(), str(tmp_path / "empty"), "driver_test")
 
 
 def test_validate_names_bad_handoff_keys():
