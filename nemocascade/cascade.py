@@ -301,13 +301,19 @@ def run(cfg, workdir: str, config_name: str, variant: str | None = None, allow_c
 
     The workdir is locked for the run (one run per workdir) and a resume must use the config the workdir was
     started with, except keys matching a pattern in `allow_changes` (nemocascade/workdir.py)."""
+    return _locked(cfg, workdir, allow_changes, lambda changes: _run_locked(cfg, workdir, config_name, variant,
+                                                                           changes))
+
+
+def _locked(cfg, workdir, allow_changes, body):
+    """`body(changes)` with `cfg` validated, the workdir locked (one run per workdir) and its recorded config
+    checked against `cfg` (`changes`: the allowed ones, nemocascade/workdir.py)."""
     validate(cfg)
     lock = workdir_lib.WorkdirLock(workdir)
     if jax.process_index() == 0:  # flock is per host: one holder per run
         lock.acquire()
     try:
-        changes = workdir_lib.check_config(workdir, cfg.to_dict(), allow_changes)
-        return _run_locked(cfg, workdir, config_name, variant, changes)
+        return body(workdir_lib.check_config(workdir, cfg.to_dict(), allow_changes))
     finally:
         lock.release()
 
@@ -329,9 +335,7 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
         ctx.pretrained = None  # the run owns `init` now
         print(f"model: {count_params(init) / 1e6:.2f}M params, vocab {ctx.model_cfg.vocab_size}, "
               f"devices {ctx.mesh.shape}", flush=True)
-        params_fn = functools.partial(init_params, ctx.model_cfg)
-        ctx.abstract_params = checkpoint.abstract_like(jax.eval_shape(params_fn, jax.random.key(0)),
-                                                       ctx.param_shardings)
+        ctx.abstract_params = _abstract_params(ctx)
         if cfg.get("eval_init") and not ctx.log.summary.get("init"):  # the starting model's scores ("before")
             checkpoint.save_params(_final_path(ctx, "init"), init)
             _evaluate_init(ctx, init)
@@ -411,44 +415,49 @@ def rescore(cfg, workdir: str, config_name: str, variant: str | None = None, all
     What the run chose while it trained stands: a MOPD stage keeps the teachers it was distilled from (the
     summary's `teachers`), even if the new validation scores would choose others; a later resume chooses with
     the new scores. `summary["rescored"]` lists when, and the evaluation keys then."""
-    validate(cfg)
-    lock = workdir_lib.WorkdirLock(workdir)
-    if jax.process_index() == 0:
-        lock.acquire()
+    return _locked(cfg, workdir, allow_changes, lambda changes: _rescore_locked(cfg, workdir, config_name, variant,
+                                                                               changes))
+
+
+def _rescore_locked(cfg, workdir, config_name, variant, changes) -> dict:
+    path = os.path.join(workdir, "summary.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            done = json.load(f).get("stages")
+    if not os.path.exists(path) or not done:  # before `setup`, which would build data and a tokenizer
+        raise BadInput(f"{workdir}: no finished stage to rescore ({path} lists none)")
+    missing = [e["name"] for e in done if not os.path.exists(os.path.join(workdir, "checkpoints", "final", e["name"]))]
+    if missing:
+        raise BadInput(f"{workdir}: no final params for finished stage(s) {missing} under checkpoints/final")
+    ctx = setup(cfg, workdir, config_name, variant)
     try:
-        path = os.path.join(workdir, "summary.json")
-        if not os.path.exists(path) or not json.load(open(path)).get("stages"):
-            raise BadInput(f"{workdir}: no finished stage to rescore ({path} lists none)")
-        changes = workdir_lib.check_config(workdir, cfg.to_dict(), allow_changes)
-        ctx = setup(cfg, workdir, config_name, variant)
-        try:
-            done = list(ctx.log.summary["stages"])
-            missing = [e["name"] for e in done if not os.path.exists(_final_path(ctx, e["name"]))]
-            if missing:
-                raise BadInput(f"{workdir}: no final params for finished stage(s) {missing} under checkpoints/final")
-            workdir_lib.save_config(workdir, cfg.to_dict())
-            ctx.log.record_config_changes(changes)
-            ctx.checkpoints = named_checkpoints.NamedCheckpoints(os.path.join(workdir, "checkpoints"))
-            ctx.checkpoints.data = {"stages": {}, "best": {}}  # rebuilt, stage by stage, from the new scores
-            ctx.abstract_params = checkpoint.abstract_like(
-                    jax.eval_shape(functools.partial(init_params, ctx.model_cfg), jax.random.key(0)), ctx.param_shardings)
-            load = lambda name: checkpoint.load_params(_final_path(ctx, name), ctx.abstract_params)  # noqa: E731
-            if ctx.log.summary.get("init"):
-                _evaluate_init(ctx, load("init"), wall_s=ctx.log.summary["init"]["wall_s"])
-            for entry in done:
-                name = entry["name"]
-                interrupts.check(f"before rescoring stage {name!r}")
-                _evaluate_stage(ctx, name, load(name), entry.get("started_from"), entry.get("teachers"),
-                                train_s=entry.get("train_wall_s", entry["wall_s"]), wall_s=entry["wall_s"])
-            ctx.log.summary.setdefault("rescored", []).append(
-                    {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "eval": cfg.eval.to_dict()})
-            ctx.log.finish(ctx.log.summary.get("total_wall_s") or sum(e["wall_s"] for e in done))
-            return ctx.log.summary
-        finally:
-            ctx.pool.close()
-            ctx.log.close()
+        workdir_lib.save_config(workdir, cfg.to_dict())
+        ctx.log.record_config_changes(changes)
+        total_wall_s = ctx.log.summary.get("total_wall_s")  # as trained: each end_stage below rewrites it
+        ctx.checkpoints = named_checkpoints.NamedCheckpoints(os.path.join(workdir, "checkpoints"))
+        ctx.checkpoints.clear()  # rebuilt, stage by stage, from the new validation scores
+        ctx.abstract_params = _abstract_params(ctx)
+        load = lambda name: checkpoint.load_params(_final_path(ctx, name), ctx.abstract_params)  # noqa: E731
+        if ctx.log.summary.get("init"):
+            _evaluate_init(ctx, load("init"), wall_s=ctx.log.summary["init"]["wall_s"])
+        for entry in done:
+            name = entry["name"]
+            interrupts.check(f"before rescoring stage {name!r}")
+            _evaluate_stage(ctx, name, load(name), entry.get("started_from"), entry.get("teachers"),
+                            train_s=entry.get("train_wall_s", entry["wall_s"]), wall_s=entry["wall_s"])
+        ctx.log.summary.setdefault("rescored", []).append(
+                {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "eval": cfg.eval.to_dict()})
+        ctx.log.finish(total_wall_s or sum(e["wall_s"] for e in done))
+        return ctx.log.summary
     finally:
-        lock.release()
+        ctx.pool.close()
+        ctx.log.close()
+
+
+def _abstract_params(ctx):
+    """The shapes and shardings of the run's params (what `checkpoint.load_params` restores into)."""
+    return checkpoint.abstract_like(jax.eval_shape(functools.partial(init_params, ctx.model_cfg), jax.random.key(0)),
+                                    ctx.param_shardings)
 
 
 def _teacher_refs(stage) -> dict[str, str] | None:

@@ -42,6 +42,11 @@ class NamedCheckpoints:
             with open(self.file) as f:
                 self.data = json.load(f)
 
+    def clear(self) -> None:
+        """Forget every stage (in memory; the file is rewritten by the next `add_stage`): a rescore rebuilds the
+        registry from new validation scores."""
+        self.data = {"stages": {}, "best": {}}
+
     def add_stage(self, name: str, params_path: str, scores: dict[str, float], side_branch: bool = False,
                   started_from: str | None = None) -> None:
         """Record stage `name`'s final params and held-out scores; update `best:<domain>`."""

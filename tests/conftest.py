@@ -64,9 +64,9 @@ def logged(tx):
 
 
 def distinct_items(cfg, domain, split, n):
-    """How many items an evaluation of `n` scores: `n`, or every distinct problem (`domains.problem_key`) of the split when it holds fewer,
-    from the generator itself (the data the run builds: `generate_split` with the run's seed and options); what
-    `n` in summary.json must count."""
+    """How many items an evaluation of `n` scores: `n`, or every distinct problem (`domains.problem_key`) of the
+    split when it holds fewer, from the generator itself (the data the run builds: `generate_split` with the run's
+    seed and options); what `n` in summary.json must count."""
     from nemocascade.data import domains
 
     dc = cfg.data.domains[domain]

@@ -201,11 +201,6 @@ def test_longctx_reward_is_the_boxed_number():
 
 # ------------------------------------------------------------------------------ generators: shared
 
-def _key(record):
-    """The canonical problem key: the id's tail for these four domains."""
-    return record["id"].split("/", 3)[3]
-
-
 GENERATORS = {"mcq": {}, "json": {}, "tool": {}, "longctx": {"num_facts": 12}}
 
 
@@ -227,9 +222,9 @@ def test_generate_deterministic_and_valid(domain):
 def test_train_test_disjoint_by_problem_key(domain):
     train = domains.generate_split(domain, "train", 1500, seed=0, **GENERATORS[domain])
     test = domains.generate_split(domain, "test", 200, seed=0, **GENERATORS[domain])
-    assert all(domains.split_of(_key(r)) == "train" for r in train)
-    assert all(domains.split_of(_key(r)) == "test" for r in test)
-    assert not {_key(r) for r in train} & {_key(r) for r in test}
+    assert all(domains.split_of(domains.problem_key(r)) == "train" for r in train)
+    assert all(domains.split_of(domains.problem_key(r)) == "test" for r in test)
+    assert not {domains.problem_key(r) for r in train} & {domains.problem_key(r) for r in test}
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
 
 

@@ -5,9 +5,8 @@
 
 with every domain evaluated after every stage on n=500 test problems (greedy pass@1, avg@2 at the stage's sampling,
 95% intervals, paired gains over the stage's start) and on 200 validation problems, which alone choose MOPD's three
-teachers as the
-paper's: one multi-domain teacher for if / mcq / tool / json (the best validation mean after IF-RL and
-multi-domain RL), math <- best:math, code <- best:code. `grpo_arm` is GRPO on the same six domains from the same
+teachers as the paper's: one multi-domain teacher for if / mcq / tool / json (the best validation mean after IF-RL
+and multi-domain RL), math <- best:math, code <- best:code. `grpo_arm` is GRPO on the same six domains from the same
 regressed student with the same prompts x rollouts per step as MOPD (claim (c): which recovers faster).
 
 Headroom by design, as in cascade_math: every domain's SFT teacher is imperfect (a systematic slip on a share of
