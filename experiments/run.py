@@ -45,6 +45,9 @@ _ALLOW = flags.DEFINE_list("allow_config_change", [], "config keys (fnmatch patt
 _RESCORE = flags.DEFINE_bool("rescore", False, "evaluate the workdir's finished stages again from their final params, "
                               "without training (after a change to evaluation); rewrites their scores in "
                               "summary.json, eval_scores/, the tables and plots")
+_REDO = flags.DEFINE_string("redo_from", None, "discard this finished stage and every stage after it, then resume: "
+                            "the finished stages before it continue another way (a new stage order, say) without "
+                            "training again; keys of the discarded stages may change with --allow_config_change")
 _DISTRIBUTED = flags.DEFINE_bool("distributed", False, "multi-host: call jax.distributed.initialize() first "
                                  "(coordinator/process ids from the environment: TPU VM, SLURM, or "
                                  "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID)")
@@ -117,8 +120,12 @@ def run():
     variant = cfg.get("variant") or None
     name = cfg.name
     workdir = _WORKDIR.value or os.path.join("runs", name + (f"_{variant}" if variant else ""))
-    summary = (cascade.rescore if _RESCORE.value else cascade.run)(cfg, workdir, name, variant,
-                                                                   allow_changes=_ALLOW.value)
+    if _RESCORE.value and _REDO.value:
+        sys.exit(_bad_input("--rescore and --redo_from: one at a time (rescore evaluates, redo trains again)"))
+    if _RESCORE.value:
+        summary = cascade.rescore(cfg, workdir, name, variant, allow_changes=_ALLOW.value)
+    else:
+        summary = cascade.run(cfg, workdir, name, variant, allow_changes=_ALLOW.value, redo_from=_REDO.value)
     print(f"done: {os.path.join(workdir, 'summary.json')} ({summary['total_wall_s']:.0f}s) [{spec}]")
 
 

@@ -35,10 +35,11 @@ def parse(argv):
     ap.add_argument("--aggregate_only", action="store_true", help="write sweep.json from the summaries there now")
     args, passthrough = ap.parse_known_args(argv)
     bad = [a for a in passthrough
-           if not a.startswith(("--config.", "--allow_config_change")) and a not in ("--rescore", "--norescore")]
+           if not a.startswith(("--config.", "--allow_config_change", "--redo_from="))
+           and a not in ("--rescore", "--norescore")]
     if bad:
-        ap.error(f"unknown arguments {bad}: only --config.KEY=VALUE, --allow_config_change and --rescore pass "
-                 "through to run.py")
+        ap.error(f"unknown arguments {bad}: only --config.KEY=VALUE, --allow_config_change, --redo_from=STAGE and "
+                 "--rescore pass through to run.py")
     if any(a.startswith("--config.seed") for a in passthrough):
         ap.error("--config.seed: the sweep sets each seed's own; use --seeds")
     try:

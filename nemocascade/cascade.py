@@ -19,6 +19,7 @@ import difflib
 import functools
 import json
 import os
+import shutil
 import time
 
 import jax
@@ -296,13 +297,64 @@ def _final_path(ctx, name):
     return os.path.join(ctx.workdir, "checkpoints", "final", name)
 
 
-def run(cfg, workdir: str, config_name: str, variant: str | None = None, allow_changes=()) -> dict:
+def run(cfg, workdir: str, config_name: str, variant: str | None = None, allow_changes=(),
+        redo_from: str | None = None) -> dict:
     """Run (or resume) the whole cascade; returns the summary dict (also in workdir/summary.json).
 
     The workdir is locked for the run (one run per workdir) and a resume must use the config the workdir was
-    started with, except keys matching a pattern in `allow_changes` (nemocascade/workdir.py)."""
+    started with, except keys matching a pattern in `allow_changes` (nemocascade/workdir.py).
+
+    `redo_from=STAGE` first discards STAGE and every stage that finished after it (`_redo_from`), then resumes:
+    a finished prefix (SFT, the first RL stages) continues another way, e.g. with MOPD moved earlier, without
+    training the prefix again. Config keys of the discarded stages (and `stage_order`) may then change when
+    `allow_changes` names them; a kept stage's may not."""
     return _locked(cfg, workdir, allow_changes, lambda changes: _run_locked(cfg, workdir, config_name, variant,
-                                                                           changes))
+                                                                           changes, redo_from))
+
+
+def _redo_from(ctx, first: str, changes) -> None:
+    """Discard stage `first` and every stage recorded after it, as if they had never run: their summary entries,
+    metrics.jsonl rows (TensorBoard hides their steps), step and final checkpoints, per-item scores, registry and
+    manifest entries; and a stage cut short after them (or `first` itself, cut short before it finished), which a
+    resume would otherwise continue. A stage of the config that has not run here is nothing to discard (a sweep's
+    seeds stand at different stages). What is kept must stay what it was (no allowed change of a kept stage's keys)
+    and must open the new stage order. `summary["redone"]` records what was discarded. Interrupted, the same
+    command finishes it: the files go first, the summary's entries last."""
+    recorded = [s["name"] for s in ctx.log.summary["stages"]]
+    ckpt = os.path.join(ctx.workdir, "checkpoints")
+    # a stage cut short leaves step checkpoints and metrics rows but no summary entry; resumed, it would continue
+    partial = [n for n in ctx.log.logged_stages() if n not in recorded]
+    partial += [n for n in sorted(os.listdir(ckpt)) if os.path.isdir(os.path.join(ckpt, n)) and n not in
+                ("final", "rm", *recorded, *partial)] if os.path.isdir(ckpt) else []
+    if first in recorded:  # it, what finished after it, and what was cut short after them
+        kept, dropped = recorded[:recorded.index(first)], recorded[recorded.index(first):] + partial
+    elif first in partial or first in ctx.cfg.stages:  # not finished here (yet): only its own leftovers go
+        kept, dropped = recorded, [first] if first in partial else []
+    else:
+        raise BadInput(f"--redo_from={first}: {ctx.workdir} has no stage of that name and the config none either; "
+                       f"finished: {recorded or 'none'}")
+    touched = sorted({k.split(".")[1] for k, _, _ in changes if k.startswith("stages.")} & set(kept))
+    if touched:
+        raise BadInput(f"--redo_from={first} keeps stage(s) {touched}, but their config changed "
+                       f"({[k for k, _, _ in changes if k.split('.')[1:2] == [touched[0]]]}); redo from the "
+                       f"first changed stage instead")
+    order = list(stage_order(ctx.cfg))
+    if set(order[:len(kept)]) != set(kept):
+        raise BadInput(f"--redo_from={first} keeps {kept}, but the stage order {order} does not begin with them")
+    if not dropped:
+        print(f"[redo] nothing to discard: {first!r} has not run in {ctx.workdir}", flush=True)
+        return
+    if jax.process_index() == 0:
+        for name in dropped:
+            for path in (os.path.join(ckpt, name), _final_path(ctx, name), os.path.join(ckpt, "rm", name)):
+                shutil.rmtree(path, ignore_errors=True)
+            if os.path.exists(_item_scores_path(ctx, name)):
+                os.remove(_item_scores_path(ctx, name))
+        named_checkpoints.NamedCheckpoints(ckpt).drop(dropped)
+        named_checkpoints.drop_from_manifest(ckpt, dropped)
+    ctx.log.summary.setdefault("redone", []).append({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "dropped": dropped})
+    ctx.log.drop_stages(dropped)  # writes the summary
+    print(f"[redo] discarded {dropped}; kept {kept}", flush=True)
 
 
 def _locked(cfg, workdir, allow_changes, body):
@@ -318,11 +370,13 @@ def _locked(cfg, workdir, allow_changes, body):
         lock.release()
 
 
-def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
+def _run_locked(cfg, workdir, config_name, variant, changes, redo_from=None) -> dict:
     t_start = time.time()
     ctx = setup(cfg, workdir, config_name, variant)
     try:
         ckpt_dir = os.path.join(workdir, "checkpoints")
+        if redo_from:
+            _redo_from(ctx, redo_from, changes)
         named_checkpoints.check_manifest(ckpt_dir, named_checkpoints.manifest(cfg, common.stage_rewards, _teacher_refs))
         workdir_lib.save_config(workdir, cfg.to_dict())  # every resume check passed: this is the run's config now
         if changes:
@@ -365,7 +419,7 @@ def _run_locked(cfg, workdir, config_name, variant, changes) -> dict:
             _evaluate_stage(ctx, name, params, start, teacher_stages, train_s=time.time() - t0, t0=t0)
             if not stage.side_branch:
                 main, loaded = name, (name, params)
-        ctx.log.finish(time.time() - t_start)
+        ctx.log.finish(ctx.log.wall_s_before + time.time() - t_start)  # a resume adds to the earlier processes'
         return ctx.log.summary
     finally:
         ctx.pool.close()
@@ -433,7 +487,6 @@ def _rescore_locked(cfg, workdir, config_name, variant, changes) -> dict:
     try:
         workdir_lib.save_config(workdir, cfg.to_dict())
         ctx.log.record_config_changes(changes)
-        total_wall_s = ctx.log.summary.get("total_wall_s")  # as trained: each end_stage below rewrites it
         ctx.checkpoints = named_checkpoints.NamedCheckpoints(os.path.join(workdir, "checkpoints"))
         ctx.checkpoints.clear()  # rebuilt, stage by stage, from the new validation scores
         ctx.abstract_params = _abstract_params(ctx)
@@ -447,7 +500,7 @@ def _rescore_locked(cfg, workdir, config_name, variant, changes) -> dict:
                             train_s=entry.get("train_wall_s", entry["wall_s"]), wall_s=entry["wall_s"])
         ctx.log.summary.setdefault("rescored", []).append(
                 {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "eval": cfg.eval.to_dict()})
-        ctx.log.finish(total_wall_s or sum(e["wall_s"] for e in done))
+        ctx.log.finish(ctx.log.wall_s_before or sum(e["wall_s"] for e in done))  # as trained, not rescoring's
         return ctx.log.summary
     finally:
         ctx.pool.close()

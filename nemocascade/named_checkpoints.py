@@ -47,6 +47,16 @@ class NamedCheckpoints:
         registry from new validation scores."""
         self.data = {"stages": {}, "best": {}}
 
+    def drop(self, names) -> None:
+        """Forget stages `names` (a redo discards them) and choose every `best:` again from the rest, in the order
+        they were added (ties keep the earlier, as when they were added); rewrites the file."""
+        kept = [(n, e) for n, e in self.data["stages"].items() if n not in set(names)]
+        self.clear()
+        for n, e in kept:
+            self.add_stage(n, e["path"], e["scores"], e.get("side_branch", False), e.get("started_from"))
+        if os.path.exists(self.file) and not kept:
+            atomic_write(self.file, json.dumps(self.data, indent=2) + "\n")
+
     def add_stage(self, name: str, params_path: str, scores: dict[str, float], side_branch: bool = False,
                   started_from: str | None = None) -> None:
         """Record stage `name`'s final params and held-out scores; update `best:<domain>`."""
@@ -105,6 +115,19 @@ def manifest(cfg, rewards_of, teachers_of) -> dict:
         if t:
             out["teachers"][name] = dict(t)
     return out
+
+
+def drop_from_manifest(checkpoint_dir: str, stages) -> None:
+    """Forget what stages `stages` meant (a redo discards them; the next start records them as configured then)."""
+    path = os.path.join(checkpoint_dir, "manifest.json")
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        saved = json.load(f)
+    gone = set(stages)
+    saved["rewards"] = {k: v for k, v in saved.get("rewards", {}).items() if k.split("/")[0] not in gone}
+    saved["teachers"] = {k: v for k, v in saved.get("teachers", {}).items() if k not in gone}
+    atomic_write(path, json.dumps(saved, indent=2, sort_keys=True) + "\n")
 
 
 def check_manifest(checkpoint_dir: str, current: dict) -> None:

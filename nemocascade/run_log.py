@@ -95,7 +95,8 @@ class RunLog:
 
     ``summary`` is the live dict that ``summary.json`` mirrors after each ``end_stage``/``finish``.
     Before ``finish``, ``total_wall_s`` is the sum of the stages' ``wall_s`` (a partial run's best
-    estimate); ``finish`` sets the measured total.
+    estimate); ``finish`` sets the measured total. ``wall_s_before`` is the total that earlier processes on
+    this workdir recorded (0 for a new one): a resumed run's total is it plus the resuming process's time.
     """
 
     def __init__(self, workdir: str, config_name: str, variant: str | None, seed: int):
@@ -119,6 +120,7 @@ class RunLog:
                     )
         else:
             self.summary = {"config": config_name, "variant": variant, "seed": seed, "stages": [], "total_wall_s": 0.0}
+        self.wall_s_before = float(self.summary.get("total_wall_s") or 0.0)
         self._reindex_metrics()
 
     # ---- metrics.jsonl + TensorBoard ------------------------------------------------------------
@@ -221,6 +223,19 @@ class RunLog:
                 self._tb = None
             self._tb_purge_step = self._offsets[stage] + step + 1
         self._reindex_metrics()
+
+    def logged_stages(self) -> list[str]:
+        """The stages metrics.jsonl has rows of, in the order they started."""
+        return list(self._stage_order)
+
+    def drop_stages(self, names) -> None:
+        """Forget stages `names` entirely (a redo): their metrics.jsonl lines (TensorBoard's next event file hides
+        their steps) and then their summary entries. The next stage logs right after what is kept."""
+        for name in reversed([n for n in self._stage_order if n in set(names)]):
+            self.truncate_after(name, -1)
+        self.summary["stages"] = [s for s in self.summary["stages"] if s["name"] not in set(names)]
+        self.summary["total_wall_s"] = self.wall_s_before  # the discarded stages' time was spent all the same
+        self._write_summary()
 
     # ---- summary.json -----------------------------------------------------------------------------
 

@@ -1,8 +1,11 @@
 """The cascade driver on a 4-stage run (tiny math, few steps): main line, a side branch (more SFT from the SFT
 checkpoint) that does not advance it, an optimiser kept across a handoff, MOPD distilling from the side branch,
 the teacher registry and the manifest; a resume that skips finished stages and refuses a changed teacher
-mapping; and a rescore that evaluates the finished stages again without training."""
+mapping; a rescore that evaluates the finished stages again without training; and a redo that discards the last
+two stages and runs them again under a changed teacher mapping, keeping the first two."""
 import json
+import os
+import time
 
 import numpy as np
 import pytest
@@ -82,6 +85,7 @@ def test_side_branch_keep_optimizer_mopd_and_resume(tmp_path):
     # workdir's recorded config; with that key allowed to change, the teacher manifest still refuses it)
     again = cascade.run(_cfg(), wd, "driver_test")
     assert [s["name"] for s in again["stages"]] == ["sft", "grpo", "branch", "distil"]
+    assert again["total_wall_s"] > summary["total_wall_s"]  # the resume's time adds to the run's
     c2 = _cfg()
     c2.stages.distil.teachers.math = "best:math"
     with pytest.raises(ValueError, match=r"stages\.distil\.teachers\.math: 'stage:branch' -> 'best:math'"):
@@ -91,6 +95,7 @@ def test_side_branch_keep_optimizer_mopd_and_resume(tmp_path):
     assert json.load(open(f"{wd}/config.json"))["stages"]["distil"]["teachers"] == {"math": "stage:branch"}
 
     _check_rescore(tmp_path, wd, summary)
+    _check_redo(wd)
 
 
 def _check_rescore(tmp_path, wd, before):
@@ -123,6 +128,48 @@ def _check_rescore(tmp_path, wd, before):
     assert json.load(open(f"{wd}/config.json"))["eval"]["n"] == 8
     with pytest.raises(ValueError, match="no finished stage to rescore"):
         cascade.rescore(_cfg(), str(tmp_path / "empty"), "driver_test")
+
+
+def _check_redo(wd):
+    """`redo_from="branch"` discards branch and distil (recorded after it) and runs them again, distil now taught by
+    `best:math`; sft and grpo stay exactly as they were."""
+    before = json.load(open(f"{wd}/summary.json"))
+    rows_before = [json.loads(line) for line in open(f"{wd}/metrics.jsonl")]
+    c = _cfg()
+    c.eval.n = 8  # as the rescore left the workdir's config
+    c.stages.distil.teachers.math = "best:math"
+    allow = ["stages.distil.teachers.*"]
+    with pytest.raises(ValueError, match=r"and the config none either; finished: \['sft', 'grpo'"):
+        cascade.run(c, wd, "driver_test", allow_changes=allow, redo_from="nope")
+    kept_changed = _cfg()
+    kept_changed.eval.n, kept_changed.stages.grpo.steps = 8, 3
+    with pytest.raises(ValueError, match=r"keeps stage\(s\) \['grpo'\]"):
+        cascade.run(kept_changed, wd, "driver_test", allow_changes=["stages.*"], redo_from="branch")
+    assert json.load(open(f"{wd}/summary.json")) == before  # refused: nothing touched
+    # a stage cut short after distil (step checkpoint and metrics rows, no summary entry) goes too
+    os.makedirs(f"{wd}/checkpoints/cut_short/1")
+    with open(f"{wd}/metrics.jsonl", "a") as f:
+        f.write(json.dumps({"stage": "cut_short", "step": 1, "loss": 1.0}) + "\n")
+    t_redo = time.time()
+    after = cascade.run(c, wd, "driver_test", allow_changes=allow, redo_from="branch")
+    assert [s["name"] for s in after["stages"]] == ["sft", "grpo", "branch", "distil"]
+    assert after["stages"][:2] == before["stages"][:2]
+    assert after["redone"][-1]["dropped"] == ["branch", "distil", "cut_short"]
+    assert not os.path.exists(f"{wd}/checkpoints/cut_short")
+    val = {s["name"]: s["val"]["math"]["pass@1"] for s in after["stages"][:3]}
+    best = max(val, key=lambda n: (val[n], -list(val).index(n)))  # ties keep the earlier
+    assert after["stages"][3]["teachers"] == {"math": f"stage:{best}"}
+    reg = json.load(open(f"{wd}/checkpoints/registry.json"))
+    assert list(reg["stages"]) == ["sft", "grpo", "branch", "distil"]
+    assert json.load(open(f"{wd}/checkpoints/manifest.json"))["teachers"]["distil"] == {"math": "best:math"}
+    rows = [json.loads(line) for line in open(f"{wd}/metrics.jsonl")]
+    kept = [r for r in rows_before if r["stage"] in ("sft", "grpo")]
+    assert rows[:len(kept)] == kept
+    redone = rows[len(kept):]  # trained again from the start (old step checkpoints gone), on the same global axis
+    assert [(r["stage"], r["step"], r["global_step"]) for r in redone] == [
+        (r["stage"], r["step"], r["global_step"]) for r in rows_before[len(kept):]]
+    assert redone and all(r["time"] >= t_redo for r in redone)
+    assert after["total_wall_s"] > before["total_wall_s"]
 
 
 def test_validate_names_bad_handoff_keys():

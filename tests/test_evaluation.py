@@ -46,7 +46,10 @@ def test_eval_records_are_the_first_n_distinct_items_of_the_split():
     keys = ["a", "b", "a", "c", "b", "d", "e"]
     src = [{"prompt": f"{k} wording {i}", "id": f"math/test/{i}/{k}"} for i, k in enumerate(keys)]
     ctx = RunContext(*([None] * 5), sources={"math": {"test": src}}, log=None, param_shardings=None, pool=None)
-    ids = lambda records: [int(r["id"].split("/")[2]) for r in records]
+
+    def ids(records):
+        return [int(r["id"].split("/")[2]) for r in records]
+
     # a repeat (same key, any wording) is skipped, and the scan goes past the first n records to find n distinct
     assert ids(ctx.eval_records("math", "test", 4)) == [0, 1, 3, 5]
     assert ids(ctx.eval_records("math", "test", 50)) == [0, 1, 3, 5, 6]  # fewer: all

@@ -206,6 +206,24 @@ def test_resume_keeps_stages_and_truncates_metrics(tmp_path):
         RunLog(wd, "cascade", "tiny", 2)
 
 
+def test_resumed_total_wall_time_adds_the_earlier_processes(tmp_path):
+    """A run resumed with nothing left to do once wrote its own few seconds as the run's total wall time."""
+    wd = str(tmp_path)
+    log = RunLog(wd, "cascade", None, 0)
+    assert log.wall_s_before == 0.0
+    log.end_stage("sft", "sft", ["math"], 5, 30.0, {"math": {"pass@1": 0.1, "n": 8}})
+    log.close()  # interrupted: the total so far is the finished stages' sum
+    log = RunLog(wd, "cascade", None, 0)
+    assert log.wall_s_before == 30.0
+    log.end_stage("grpo", "grpo", ["math"], 4, 20.0, {"math": {"pass@1": 0.2, "n": 8}})
+    log.finish(log.wall_s_before + 25.0)  # what the driver passes: this process ran 25 s
+    log.close()
+    log = RunLog(wd, "cascade", None, 0)
+    assert log.wall_s_before == 55.0
+    log.finish(log.wall_s_before + 3.0)  # a resume that found every stage done
+    assert json.load(open(os.path.join(wd, "summary.json")))["total_wall_s"] == 58.0
+
+
 def test_crash_cut_line_is_dropped(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"stage": "sft", "step": 0, "loss": 1.0}\n{"stage": "sft", "st')

@@ -78,6 +78,12 @@ def test_sweep_cli_runs_seeds_in_parallel_resumes_and_aggregates(tmp_path):
     assert (wd / "sweep.png").stat().st_size > 0 and (wd / "sweep_table.md").exists()
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)  # resumes: done
     assert again.returncode == 0 and json.load(open(wd / "sweep.json")) == out
+    redo = subprocess.run(cmd + ["--redo_from=sft"], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    assert redo.returncode == 0, redo.stdout[-2000:] + redo.stderr[-2000:]
+    for s in (0, 1):  # passed through to each seed's run.py: SFT trained again (deterministic: the same scores)
+        redone = json.load(open(wd / f"seed_{s}" / "summary.json"))
+        assert redone["redone"][-1]["dropped"] == ["sft"]
+        assert redone["stages"][0]["eval"] == per_seed[s]["stages"][0]["eval"]
     bad = subprocess.run(cmd[:3] + ["--seeds=0,0", f"--workdir={wd}"], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "none twice" in bad.stderr
 

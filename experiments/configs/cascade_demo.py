@@ -1,13 +1,18 @@
-"""Cascade RL where every claim of the paper is measurable (issue 14): Cascade 2's order over six domains,
+"""Cascade RL where every claim of the paper is measurable (issue 14): Cascade 2's order over six domains, MOPD
+in the middle as in the paper (METHOD.md: SFT -> IF-RL -> multi-domain RL -> MOPD -> ... -> code RL),
 
-    SFT (all six) -> IF-RL -> multi-domain RL (mcq 55% / tool 30% / json 15%) -> math RL -> code RL -> MOPD
-                                                              and, from the same code_rl checkpoint: [grpo_arm]
+    SFT (all six) -> IF-RL -> multi-domain RL (mcq 55% / tool 30% / json 15%) -> MOPD -> math RL -> code RL
+                                               and, from the same multi_rl checkpoint: [grpo_arm]
 
 with every domain evaluated after every stage on n=500 test problems (greedy pass@1, avg@2 at the stage's sampling,
 95% intervals, paired gains over the stage's start) and on 200 validation problems, which alone choose MOPD's three
-teachers as the paper's: one multi-domain teacher for if / mcq / tool / json (the best validation mean after IF-RL
-and multi-domain RL), math <- best:math, code <- best:code. `grpo_arm` is GRPO on the same six domains from the same
-regressed student with the same prompts x rollouts per step as MOPD (claim (c): which recovers faster).
+teachers as the paper's: one multi-domain teacher for if / mcq / tool / json (the best validation mean so far),
+math <- best:math, code <- best:code (in the paper the math teacher is the SFT checkpoint; here validation picks
+among SFT, IF-RL and multi-domain RL). MOPD starts where the paper's does, after multi-domain RL, which regresses
+what it does not train (seed 0 at 57bb491, math 34.2 after SFT -> 14.0). `grpo_arm` is GRPO on the same six domains
+from that same regressed student with the same prompts x rollouts per step as MOPD (claim (c): which recovers
+faster). Until 2026-12-03 MOPD came last, after math and code RL, where nothing was left regressed to recover
+(seed 0: the student within 2.5 points of every teacher); `--redo_from=math_rl` moved such a run to this order.
 
 Headroom by design, as in cascade_math: every domain's SFT teacher is imperfect (a systematic slip on a share of
 the problems), so the SFT plateau sits below what each verifier can reward. Paper defaults throughout
@@ -78,10 +83,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "mopd", mopd.DEFAULTS, domains=list(DOMAINS), max_new_tokens=112, teachers=dict(TEACHERS),
         optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
                    grad_clip=1.0), **RECOVER)
-    c.stages.grpo_arm = grpo_stage(list(DOMAINS), length_curriculum=((0, 112),), init_from="stage:code_rl",
+    c.stages.grpo_arm = grpo_stage(list(DOMAINS), length_curriculum=((0, 112),), init_from="stage:multi_rl",
                                    side_branch=True, **RECOVER)
-    c.stage_order = ("sft", "if_rl", "multi_rl", "math_rl", "code_rl", "mopd", "grpo_arm")
-    c.compare = dict(stages=("grpo_arm", "mopd"), key="eval/math/pass@1", start_stage="code_rl", domain="math")
+    c.stage_order = ("sft", "if_rl", "multi_rl", "mopd", "math_rl", "code_rl", "grpo_arm")
+    c.compare = dict(stages=("grpo_arm", "mopd"), key="eval/math/pass@1", start_stage="multi_rl", domain="math")
     if "kl" in tags:
         kl_variant(c)
     if "probe" in tags:  # where each domain's SFT plateau sits, for setting DOMAINS' slip rates (~10 min)
