@@ -333,11 +333,10 @@ def _redo_from(ctx, first: str, changes) -> None:
     else:
         raise BadInput(f"--redo_from={first}: {ctx.workdir} has no stage of that name and the config none either; "
                        f"finished: {recorded or 'none'}")
-    touched = sorted({k.split(".")[1] for k, _, _ in changes if k.startswith("stages.")} & set(kept))
-    if touched:
-        raise BadInput(f"--redo_from={first} keeps stage(s) {touched}, but their config changed "
-                       f"({[k for k, _, _ in changes if k.split('.')[1:2] == [touched[0]]]}); redo from the "
-                       f"first changed stage instead")
+    changed_kept = [k for k, _, _ in changes if k.startswith("stages.") and k.split(".")[1] in kept]
+    if changed_kept:
+        raise BadInput(f"--redo_from={first} keeps stage(s) {sorted({k.split('.')[1] for k in changed_kept})}, but "
+                       f"their config changed ({changed_kept}); redo from the first changed stage instead")
     order = list(stage_order(ctx.cfg))
     if set(order[:len(kept)]) != set(kept):
         raise BadInput(f"--redo_from={first} keeps {kept}, but the stage order {order} does not begin with them")

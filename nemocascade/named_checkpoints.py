@@ -53,19 +53,24 @@ class NamedCheckpoints:
         kept = [(n, e) for n, e in self.data["stages"].items() if n not in set(names)]
         self.clear()
         for n, e in kept:
-            self.add_stage(n, e["path"], e["scores"], e.get("side_branch", False), e.get("started_from"))
-        if os.path.exists(self.file) and not kept:
-            atomic_write(self.file, json.dumps(self.data, indent=2) + "\n")
+            self._add(n, e["path"], e["scores"], e.get("side_branch", False), e.get("started_from"))
+        self._write()
 
     def add_stage(self, name: str, params_path: str, scores: dict[str, float], side_branch: bool = False,
                   started_from: str | None = None) -> None:
         """Record stage `name`'s final params and held-out scores; update `best:<domain>`."""
+        self._add(name, params_path, scores, side_branch, started_from)
+        self._write()
+
+    def _add(self, name, params_path, scores, side_branch, started_from) -> None:
         self.data["stages"][name] = {"path": params_path, "scores": dict(scores), "side_branch": bool(side_branch),
                                      "started_from": started_from}
         for domain, score in scores.items():
             best = self.data["best"].get(domain)
             if best is None or score > best["score"]:
                 self.data["best"][domain] = {"stage": name, "score": float(score)}
+
+    def _write(self) -> None:
         os.makedirs(self.dir, exist_ok=True)
         atomic_write(self.file, json.dumps(self.data, indent=2) + "\n")
 

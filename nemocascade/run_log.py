@@ -212,16 +212,20 @@ class RunLog:
 
         Other stages' lines are kept. TensorBoard's next event file purges global steps past the cut.
         """
+        purge = self._offsets[stage] + step + 1 if stage in self._offsets else None
+        self._drop_rows(lambda r: r["stage"] == stage and r["step"] > step, purge)
+
+    def _drop_rows(self, gone, purge_step: int | None) -> None:
+        """Rewrite metrics.jsonl without the rows `gone(row)` picks, once; TensorBoard's next event file hides global
+        steps from `purge_step` on (None: nothing logged to hide)."""
         if not os.path.exists(self._metrics_path):
             return
-        rows = load_metrics(self._metrics_path)
-        kept = [r for r in rows if not (r["stage"] == stage and r["step"] > step)]
-        self._rewrite_metrics(kept)
-        if stage in self._offsets:
+        self._rewrite_metrics([r for r in load_metrics(self._metrics_path) if not gone(r)])
+        if purge_step is not None:
             if self._tb is not None:
                 self._tb.close()
                 self._tb = None
-            self._tb_purge_step = self._offsets[stage] + step + 1
+            self._tb_purge_step = purge_step
         self._reindex_metrics()
 
     def logged_stages(self) -> list[str]:
@@ -231,9 +235,10 @@ class RunLog:
     def drop_stages(self, names) -> None:
         """Forget stages `names` entirely (a redo): their metrics.jsonl lines (TensorBoard's next event file hides
         their steps) and then their summary entries. The next stage logs right after what is kept."""
-        for name in reversed([n for n in self._stage_order if n in set(names)]):
-            self.truncate_after(name, -1)
-        self.summary["stages"] = [s for s in self.summary["stages"] if s["name"] not in set(names)]
+        names = set(names)
+        logged = [self._offsets[n] for n in names if n in self._offsets]
+        self._drop_rows(lambda r: r["stage"] in names, min(logged) if logged else None)
+        self.summary["stages"] = [s for s in self.summary["stages"] if s["name"] not in names]
         self.summary["total_wall_s"] = self.wall_s_before  # the discarded stages' time was spent all the same
         self._write_summary()
 
