@@ -24,7 +24,8 @@ def generate(params, model_cfg, tokenizer, records, *, batch_size, max_prompt_le
         chunk = records[start:start + batch_size]
         prompts = [r["prompt"] for r in chunk]
         prompts += [prompts[-1]] * (batch_size - len(chunk))
-        toks, lens = pipeline.encode_prompts(tokenizer, prompts, max_prompt_len, thinking=thinking)
+        toks, lens = pipeline.encode_prompts(tokenizer, prompts, max_prompt_len, thinking=thinking,
+                                             bucket=sampling.PROMPT_BUCKET)
         toks, lens = mesh_lib.shard_batch(mesh, (toks, lens)) if mesh is not None else (toks, lens)
         out = sampling.sample(params, model_cfg, toks, lens,
                               jax.random.fold_in(rng, start), max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id,

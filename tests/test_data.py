@@ -298,6 +298,15 @@ def test_encode_prompts_left_pads_and_names_long_row():
         pipeline.encode_prompts(TOK, ["a", "x" * 10], max_len=30)
 
 
+def test_encode_prompts_bucket_pads_to_a_multiple_of_it_at_most_max_len():
+    full, lengths = pipeline.encode_prompts(TOK, ["a", "bcd"], max_len=60)
+    for bucket, width in ((8, 24), (16, 32), (25, 25), (32, 32), (64, 60)):  # longest prompt: 24 tokens
+        tokens, lens = pipeline.encode_prompts(TOK, ["a", "bcd"], max_len=60, bucket=bucket)
+        assert tokens.shape == (2, width), bucket
+        np.testing.assert_array_equal(lens, lengths)
+        np.testing.assert_array_equal(tokens, full[:, 60 - width:])  # the same rows, less left padding
+
+
 # ----------------------------------------------------------------------------- tfds round trip
 
 OPTS = {"teacher_error_rate": 0.6, "max_digits": 2}

@@ -97,3 +97,71 @@ def test_sampling_frequencies_follow_temperature_distribution():
                           eos_id=-1, temperature=2.0, num_samples=4000)
     freq = np.bincount(np.asarray(out.tokens[:, 0]), minlength=5) / 4000
     assert np.max(np.abs(freq - probs)) < 0.03
+
+
+def test_prefix_sharing_gives_the_tokens_of_repeated_prompts():
+    # G samples of a prompt (its prefill done once, the cache copied G times) == the prompt repeated G times
+    # and sampled once each: same key, so the same draws; logprobs to float tolerance
+    params = _params()
+    toks = jnp.asarray([[0, 3, 4], [5, 6, 7]], jnp.int32)
+    lens = jnp.asarray([2, 3])
+    kw = dict(max_new_tokens=6, eos_id=-1, temperature=8.0)  # flat enough that samples differ
+    shared = sampling.sample(params, CFG, toks, lens, jax.random.key(5), num_samples=3, **kw)
+    repeated = sampling.sample(params, CFG, jnp.repeat(toks, 3, 0), jnp.repeat(lens, 3), jax.random.key(5), **kw)
+    assert np.asarray(shared.tokens).tolist() == np.asarray(repeated.tokens).tolist()
+    np.testing.assert_allclose(np.asarray(shared.logprobs), np.asarray(repeated.logprobs), atol=1e-5)
+    assert len({tuple(r) for r in np.asarray(shared.tokens[:3]).tolist()}) > 1  # the G samples differ
+
+
+def test_prefill_last_only_equals_last_column_of_full_logits():
+    params = _params()
+    toks = jnp.asarray([[0, 3, 4, 9], [5, 6, 7, 8]], jnp.int32)
+    valid = toks > 0
+    pos = tf.left_pad_positions(valid)
+    full, _ = tf.forward_cached(params, CFG, toks, pos, valid, tf.init_cache(CFG, 2, 6), 0)
+    last, _ = tf.forward_cached(params, CFG, toks, pos, valid, tf.init_cache(CFG, 2, 6), 0, last_only=True)
+    np.testing.assert_allclose(np.asarray(last[:, 0]), np.asarray(full[:, -1]), rtol=1e-6, atol=1e-6)
+
+
+def _nucleus_by_sort(logits, top_p):
+    """numpy reference: sort, keep the prefix whose mass before each token is < top_p."""
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    keep = np.zeros(p.shape, bool)
+    for b in range(p.shape[0]):
+        order = np.argsort(-p[b], kind="stable")
+        before = np.cumsum(p[b, order]) - p[b, order]
+        kept = order[before < top_p]
+        keep[b] = p[b] >= p[b, kept].min()  # ties with the last kept token stay
+    return keep
+
+
+def test_top_p_bisection_keeps_the_sorted_nucleus():
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((64, 300)) * rng.uniform(0.3, 4.0, (64, 1))).astype(np.float32)
+    for top_p in (0.1, 0.5, 0.9, 0.95, 0.999):
+        got = np.isfinite(np.asarray(sampling.filter_logits(jnp.asarray(logits), 1.0, top_p)))
+        np.testing.assert_array_equal(got, _nucleus_by_sort(logits.astype(np.float64), top_p), err_msg=str(top_p))
+
+
+def test_draw_follows_the_distribution_and_never_draws_excluded_tokens():
+    probs = np.asarray([0.4, 0.0, 0.25, 0.2, 0.0, 0.1, 0.05])
+    logits = jnp.log(jnp.asarray(np.tile(probs, (20000, 1)), jnp.float32))  # log 0 = -inf: excluded
+    toks = np.asarray(sampling.draw(logits, jax.random.key(0)))
+    freq = np.bincount(toks, minlength=7) / toks.size
+    assert freq[1] == 0 and freq[4] == 0
+    # 20000 draws: binomial sd <= 0.0035, so 0.012 is > 3 sd
+    np.testing.assert_allclose(freq, probs, atol=0.012)
+
+
+def test_left_padding_width_does_not_change_the_samples():
+    # prompt-length buckets (PROMPT_BUCKET) pad a batch less: the same prompts with 2 or 7 pad columns give the
+    # same tokens and logprobs (padded keys are masked, positions start at each row's first real token)
+    params = _params()
+    rows, lens = [[3, 4, 5], [7, 8]], jnp.asarray([3, 2])
+    padded = lambda w: jnp.asarray([[0] * (w - len(r)) + r for r in rows], jnp.int32)  # noqa: E731
+    kw = dict(max_new_tokens=6, eos_id=-1, temperature=8.0, num_samples=2)
+    a = sampling.sample(params, CFG, padded(5), lens, jax.random.key(3), **kw)
+    b = sampling.sample(params, CFG, padded(10), lens, jax.random.key(3), **kw)
+    assert np.asarray(a.tokens).tolist() == np.asarray(b.tokens).tolist()
+    np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), rtol=1e-5, atol=1e-5)

@@ -110,13 +110,14 @@ def prompt_dataset(source, batch_size: int, seed: int) -> grain.IterDataset:
 
 
 def encode_prompts(tokenizer, prompts: Sequence[str], max_len: int,
-                   thinking: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                   thinking: bool = True, bucket: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Chat-rendered, **left**-padded prompt ids for the sampler.
 
-    Returns ``tokens`` int32[B, max_len] (row b = ``pad_id`` * (max_len - n_b) + ids_b, so every
-    prompt ends at the last column and generation appends on the right) and ``lengths``
-    int32[B] = n_b. Raises ``ValueError`` naming the row if a prompt needs more than ``max_len``
-    tokens (truncating a prompt would silently change the task).
+    Returns ``tokens`` int32[B, W] (row b = ``pad_id`` * (W - n_b) + ids_b, so every prompt ends at the
+    last column and generation appends on the right) and ``lengths`` int32[B] = n_b. W = ``max_len``, or with
+    ``bucket`` > 0 the longest prompt rounded up to a multiple of ``bucket`` (at most ``max_len``): the sampler
+    then prefills and caches no more padding than that, and compiles once per bucket. Raises ``ValueError``
+    naming the row if a prompt needs more than ``max_len`` tokens (truncating it would silently change the task).
     """
     tokens = np.full((len(prompts), max_len), tokenizer.pad_id, dtype=np.int32)
     lengths = np.zeros((len(prompts),), dtype=np.int32)
@@ -128,4 +129,11 @@ def encode_prompts(tokenizer, prompts: Sequence[str], max_len: int,
         if ids:
             tokens[b, max_len - len(ids):] = ids
         lengths[b] = len(ids)
-    return tokens, lengths
+    return bucket_left_padded(tokens, lengths, bucket) if bucket > 0 else (tokens, lengths)
+
+
+def bucket_left_padded(tokens: np.ndarray, lengths: np.ndarray, bucket: int) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded rows [B, W] cut to the longest row rounded up to a multiple of `bucket` (at most W):
+    only padding columns go."""
+    width = min(tokens.shape[1], max(-(-int(np.max(lengths, initial=0)) // bucket), 1) * bucket)
+    return tokens[:, tokens.shape[1] - width:], lengths

@@ -3,7 +3,8 @@ import jax
 
 from nemocascade import mesh as mesh_lib
 from nemocascade.models.transformer import (KVCache, ModelConfig, count_params, forward, forward_cached,
-                                            forward_hidden, init_cache, init_params, param_axes, param_shapes)
+                                            forward_hidden, head_logprobs, init_cache, init_params, lm_head,
+                                            param_axes, param_shapes)
 
 
 def param_shardings(cfg: ModelConfig, mesh):
@@ -16,5 +17,5 @@ def init_sharded(cfg: ModelConfig, mesh, rng):
     return jax.jit(init_params, static_argnums=0, out_shardings=param_shardings(cfg, mesh))(cfg, rng)
 
 
-__all__ = ["KVCache", "ModelConfig", "count_params", "forward", "forward_cached", "forward_hidden", "init_cache",
-           "init_params", "init_sharded", "param_axes", "param_shapes", "param_shardings"]
+__all__ = ["KVCache", "ModelConfig", "count_params", "forward", "forward_cached", "forward_hidden", "head_logprobs",
+           "init_cache", "init_params", "lm_head", "init_sharded", "param_axes", "param_shapes", "param_shardings"]

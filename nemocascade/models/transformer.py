@@ -8,7 +8,8 @@ Three fixed-shape entry points share one body (`_decoder`):
 
 `forward` serves every role (policy, frozen reference, teachers): a role is just another params pytree.
 `forward_cached` is prefill and decode over a KV cache (sampling); `forward_hidden` stops before the LM head
-(the reward model's scalar head). Parameters of all layers are stacked on a leading `layers` axis and applied
+(the reward model's scalar head; `head_logprobs` applies the head chunk by chunk for a trainer that needs only
+the sampled tokens' log-probs). Parameters of all layers are stacked on a leading `layers` axis and applied
 with `lax.scan`, which keeps compile time flat in depth.
 
 Pieces: RMSNorm, rotary embeddings (HF "rotate half" convention, configurable theta), grouped-query
@@ -235,7 +236,7 @@ def _decoder(params: Params, cfg: ModelConfig, tokens, positions, mask, kv=None,
     return rms_norm(x, params["final_norm"], cfg.norm_eps), kv
 
 
-def _lm_head(params: Params, cfg: ModelConfig, h):
+def lm_head(params: Params, cfg: ModelConfig, h):
     """Logits float32 [B, T, vocab] of the normed hidden state `h`."""
     head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     return jnp.einsum("btd,dv->btv", h, head.astype(jnp.dtype(cfg.dtype)), preferred_element_type=jnp.float32)
@@ -265,14 +266,42 @@ def forward(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None
         a token attends only to earlier tokens of its own segment; segment 0 is padding. Pass each
         segment's own `positions` (0 at its first token).
     """
-    return _lm_head(params, cfg, forward_hidden(params, cfg, tokens, positions, valid, segment_ids))
+    return lm_head(params, cfg, forward_hidden(params, cfg, tokens, positions, valid, segment_ids))
 
 
-def forward_cached(params: Params, cfg: ModelConfig, tokens, positions, valid, cache: KVCache, start):
+def head_logprobs(params: Params, cfg: ModelConfig, h, targets, chunk: int):
+    """(log pi(targets), entropy of pi) [B, T] float32 from the normed hidden state `h` [B, T, d_model], with the
+    LM head and log-softmax applied `chunk` positions at a time under `jax.checkpoint`: the [B, T, vocab] logits
+    never exist whole, in the forward pass or the backward (which recomputes one chunk's logits at a time).
+    The entropy is a diagnostic and carries no gradient."""
+    B, T, D = h.shape
+    n = -(-T // chunk)
+    pad = n * chunk - T
+    hs = jnp.pad(h, ((0, 0), (0, pad), (0, 0))).reshape(B, n, chunk, D).swapaxes(0, 1)
+    ts = jnp.pad(targets, ((0, 0), (0, pad))).reshape(B, n, chunk).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def one(args):
+        hc, tc = args
+        logp_all = jax.nn.log_softmax(lm_head(params, cfg, hc), axis=-1)
+        logp = jnp.take_along_axis(logp_all, tc[..., None].astype(jnp.int32), axis=-1)[..., 0]
+        p = jnp.exp(logp_all)
+        entropy = -jnp.sum(jnp.where(p > 0, p * logp_all, 0.0), axis=-1)
+        return logp, jax.lax.stop_gradient(entropy)
+
+    logp, entropy = jax.lax.map(one, (hs, ts))
+    whole = lambda x: x.swapaxes(0, 1).reshape(B, n * chunk)[:, :T]  # noqa: E731
+    return whole(logp), whole(entropy)
+
+
+def forward_cached(params: Params, cfg: ModelConfig, tokens, positions, valid, cache: KVCache, start,
+                   last_only: bool = False):
     """(logits [B, T, vocab] float32, new cache) for `tokens` [B, T] written to cache slots [start, start+T).
 
     Each token attends to every valid cached slot at or before its own. This is both prefill (start=0,
     T=prompt length) and decode (T=1). positions, valid [B, T] as in `forward` (required here).
+    `last_only`: logits of the last column only ([B, 1, vocab]): a prefill needs no more, and the LM head over
+    every prompt position would cost T x vocab x d_model per row.
     """
     T = tokens.shape[1]
     kv_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, start, axis=1)
@@ -280,7 +309,7 @@ def forward_cached(params: Params, cfg: ModelConfig, tokens, positions, valid, c
     query_slots = start + jnp.arange(T)
     mask = (slots[None, :] <= query_slots[:, None])[None] & kv_valid[:, None, :]
     h, (k, v) = _decoder(params, cfg, tokens, positions, mask, (cache.k, cache.v), start)
-    return _lm_head(params, cfg, h), KVCache(k, v, kv_valid)
+    return lm_head(params, cfg, h[:, -1:] if last_only else h), KVCache(k, v, kv_valid)
 
 
 def left_pad_positions(valid):

@@ -67,16 +67,21 @@ class RolloutSource:
         module docstring: groups' arrays have leading dims [P, G], P = len(records); unscored rewards are NaN."""
         ctx, stage, G = self.ctx, self.stage, self.stage.group_size
         t0 = time.perf_counter()
-        toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in records],
-                                             stage.max_prompt_len or ctx.cfg.eval.max_prompt_len,
-                                             thinking=ctx.cfg.thinking)
+        max_prompt = stage.max_prompt_len or ctx.cfg.eval.max_prompt_len
+        toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in records], max_prompt,
+                                             thinking=ctx.cfg.thinking, bucket=sampling.PROMPT_BUCKET)
         toks, lens = shard_batch(ctx.mesh, (toks, lens))
         samples = sampling.sample(params, ctx.model_cfg, toks, lens, rng,
                                   max_new_tokens=max_new, eos_id=ctx.tokenizer.eos_id, pad_id=ctx.tokenizer.pad_id,
                                   temperature=stage.temperature, top_p=stage.top_p, top_k=stage.top_k,
                                   num_samples=G)
-        tokens, valid, positions, rmask = to_host(sampling.sequences(samples))
+        # back to the stage's full prompt width (left padding), so refill rounds of other widths concatenate;
+        # the trainer's batch cuts the all-padding columns again (trim_columns)
+        left = max_prompt - toks.shape[1]
+        tokens, valid, positions, rmask = (_left_pad(x, left, pad) for x, pad in zip(
+            to_host(sampling.sequences(samples)), (ctx.tokenizer.pad_id, False, 0, 0.0)))
         samples = to_host(samples)
+        samples = samples._replace(prompts=_left_pad(samples.prompts, left, ctx.tokenizer.pad_id))
         t1 = time.perf_counter()
         P = len(records)
         verifier = {f"verifier_{k}": 0 for k in OUTCOMES}  # a reward model (scorer) is no verifier: 0
@@ -101,6 +106,11 @@ class RolloutSource:
         if self.epoch_filter and score:
             self.epoch_filter.update([r["id"] for r in records], rewards)
         return groups, {"generate_s": t1 - t0, "score_s": t2 - t1, **verifier}
+
+
+def _left_pad(x, n: int, value):
+    """[N, w] -> [N, n + w]: `n` columns of `value` on the left."""
+    return np.pad(np.asarray(x), [(0, 0), (n, 0)], constant_values=value) if n else np.asarray(x)
 
 
 def trim_columns(batch: dict, bucket: int = 16) -> dict:
