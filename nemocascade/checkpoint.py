@@ -36,21 +36,27 @@ class StageCheckpointer:
         self.manager = ocp.CheckpointManager(self.directory, options=options)
 
     def latest_step(self) -> int | None:
+        self.wait()
         return self.manager.latest_step()
 
-    def save(self, step: int, state, data_state: dict | None = None, force: bool = False) -> bool:
-        """Save `state` (a pytree) and the JSON-serialisable data-iterator state. Blocks until written
-        so an interruption right after never loses it."""
-        saved = self.manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {})), force=force)
+    def wait(self):
+        """Block until every started save is on disk."""
         self.manager.wait_until_finished()
-        return saved
+
+    def save(self, step: int, state, data_state: dict | None = None, force: bool = False) -> bool:
+        """Save `state` (a pytree) and the JSON-serialisable data-iterator state, asynchronously: orbax copies
+        the arrays to host memory before returning (so the next step may donate them) and writes them in a
+        background thread while training goes on; a step directory appears only once complete (an interrupted
+        write leaves the previous checkpoint the latest). `close()` (and the next save) waits for the write."""
+        return self.manager.save(step, args=ocp.args.Composite(
+            state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data_state or {})), force=force)
 
     def restore(self, abstract_state, step: int | None = None):
         """Returns (state, data_state) of `step`. `abstract_state` is a pytree of `jax.ShapeDtypeStruct` with
         shardings (e.g. from `jax.eval_shape` + shardings)."""
         if step is None:
             return self.restore_latest_good(abstract_state)[1:]
+        self.wait()
         out = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore()))
         return out["state"], out["data"]
@@ -58,6 +64,7 @@ class StageCheckpointer:
     def restore_latest_good(self, abstract_state):
         """(step, state, data_state) of the newest step that restores; unreadable ones are reported on stderr,
         one line each, and skipped. FileNotFoundError if there is no step, BadInput if none restores."""
+        self.wait()
         steps = sorted(self.manager.all_steps(), reverse=True)
         if not steps:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
@@ -75,6 +82,7 @@ class StageCheckpointer:
     def drop_after(self, step: int) -> None:
         """Delete steps newer than `step` (the unreadable ones a resume skipped), so the next save of those
         step numbers is not refused as already present."""
+        self.wait()
         for s in self.manager.all_steps():
             if s > step:
                 self.manager.delete(s)

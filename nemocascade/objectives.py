@@ -6,7 +6,8 @@ A term is a small pure function ``term(x, **options) -> (l [N, T], metrics {name
 loss and per-token diagnostics. ``x`` holds, [N, T] and aligned with the next-token targets unless noted:
 
   logp            log pi_theta(y_t) of the sampled tokens (differentiable)
-  logits          the policy's logits [N, T, V] (differentiable)
+  logits          the policy's logits [N, T, V] (differentiable), only for terms registered with
+                  ``logits=True``: otherwise the step computes ``logp`` chunk by chunk and no [N, T, V] exists
   mask            1 on the tokens that count (response tokens)
   sampler_logp    log pi_inf(y_t) as the sampler drew y_t
   advantages      [N], group-normalised (needs "advantages": rollouts are scored by the stage's rewards)
@@ -55,15 +56,17 @@ class Term:
     fn: Callable  # (x, **options) -> (per-token loss [N, T], {metric: per-token value [N, T]})
     needs: frozenset  # of INPUTS
     options: tuple  # stage config keys passed to fn as keyword arguments
+    logits: bool = False  # reads x["logits"] (the whole [N, T, V]): the step must materialise them
 
 
 TERMS: dict[str, Term] = {}
 
 
-def register(name: str, *, needs=(), options=()):
+def register(name: str, *, needs=(), options=(), logits: bool = False):
     """Decorator: add ``fn`` as objective term ``name`` (a stage's ``objective.<name>`` weight selects it).
     Registering the same function again (a config file loaded twice) is fine; another function under a taken
-    name is a ValueError, so an experiment cannot replace a built-in by accident."""
+    name is a ValueError, so an experiment cannot replace a built-in by accident. ``logits=True``: the term
+    reads ``x["logits"]`` ([N, T, V]); without it the step never builds them (see the module docstring)."""
     unknown = sorted(set(needs) - set(INPUTS))
     if unknown:
         raise ValueError(f"term {name!r} needs {unknown}: not inputs the step computes; known: {INPUTS}")
@@ -72,7 +75,7 @@ def register(name: str, *, needs=(), options=()):
         old = TERMS.get(name)
         if old is not None and (old.fn.__module__, old.fn.__qualname__) != (fn.__module__, fn.__qualname__):
             raise ValueError(f"objective term {name!r} is already registered by {old.fn.__module__}")
-        TERMS[name] = Term(name, fn, frozenset(needs), tuple(options))
+        TERMS[name] = Term(name, fn, frozenset(needs), tuple(options), bool(logits))
         return fn
     return add
 
@@ -93,7 +96,7 @@ def kl_to_reference(x, kl_estimator):
     return kl, {"kl": jax.lax.stop_gradient(kl)}
 
 
-@register("entropy")
+@register("entropy", logits=True)
 def entropy_bonus(x):
     """-H(pi) per position: a positive weight rewards entropy (0 in Cascade RL)."""
     return -losses.token_entropy(x["logits"]), {}
@@ -115,19 +118,19 @@ def _student_on_support(x):
     return s, x["teacher_logits"]
 
 
-@register("forward_kl", needs=("teacher_logits",))
+@register("forward_kl", needs=("teacher_logits",), logits=True)
 def forward_kl(x):
     """KL(teacher || student) over the vocabulary or the teacher's top K (GKD; losses.forward_kl)."""
     return losses.forward_kl(*_student_on_support(x)), {}
 
 
-@register("reverse_kl", needs=("teacher_logits",))
+@register("reverse_kl", needs=("teacher_logits",), logits=True)
 def reverse_kl(x):
     """KL(student || teacher) over the vocabulary or the teacher's top K (losses.reverse_kl)."""
     return losses.reverse_kl(*_student_on_support(x)), {}
 
 
-@register("gjsd", needs=("teacher_logits",), options=("gjsd_beta",))
+@register("gjsd", needs=("teacher_logits",), options=("gjsd_beta",), logits=True)
 def gjsd(x, gjsd_beta):
     """Generalised Jensen-Shannon divergence JSD(beta) (GKD; losses.generalized_jsd)."""
     return losses.generalized_jsd(*_student_on_support(x), gjsd_beta), {}
@@ -142,6 +145,20 @@ def negative_log_likelihood(x):
 # ----------------------------------------------------------------------------------------- the objective
 
 
+class _Inputs(dict):
+    """A term's ``x``: a missing ``logits`` says how to get them."""
+
+    def __init__(self, x, term: str):
+        super().__init__(x)
+        self.term = term
+
+    def __missing__(self, key):
+        if key == "logits":
+            raise KeyError(f"objective term {self.term!r} reads x['logits'] but was registered without logits=True "
+                           "(objectives.register): the step builds the [N, T, V] logits only for terms that ask")
+        raise KeyError(key)
+
+
 @dataclasses.dataclass(frozen=True)
 class Objective:
     """The terms with non-zero weight, each with its weight (step -> float) and options; one aggregation."""
@@ -153,6 +170,11 @@ class Objective:
         return frozenset().union(*(t.needs for t, _, _ in self.terms))
 
     @property
+    def reads_logits(self) -> bool:
+        """Some term reads the policy's whole [N, T, V] logits."""
+        return any(t.logits for t, _, _ in self.terms)
+
+    @property
     def names(self) -> tuple:
         return tuple(t.name for t, _, _ in self.terms)
 
@@ -160,7 +182,7 @@ class Objective:
         """({term: reduced loss}, metrics): unweighted values; metrics are global-batch token means."""
         values, metrics = {}, {}
         for term, _, options in self.terms:
-            per_token, diagnostics = term.fn(x, **options)
+            per_token, diagnostics = term.fn(_Inputs(x, term.name), **options)
             values[term.name] = losses.aggregate_sum(per_token, x["mask"], self.aggregation) / normalizer
             for k, v in diagnostics.items():
                 metrics[k] = jnp.sum(x["mask"] * v) / num_tokens

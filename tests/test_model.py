@@ -137,3 +137,30 @@ def test_bad_config_names_key():
         tf.ModelConfig(vocab_size=10, n_heads=4, n_kv_heads=3)
     with pytest.raises(ValueError, match="bogus"):
         tf.ModelConfig.from_dict({"vocab_size": 10, "bogus": 1})
+
+
+def test_head_logprobs_in_chunks_equal_the_whole_logits_and_their_gradient():
+    cfg = tf.ModelConfig(vocab_size=37, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=24,
+                         tie_embeddings=True)
+    params = tf.init_params(cfg, jax.random.key(0))
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, 37, (3, 11)), jnp.int32)
+    targets = jnp.asarray(rng.integers(0, 37, (3, 11)), jnp.int32)
+
+    def whole(p):
+        logp_all = jax.nn.log_softmax(tf.forward(p, cfg, tokens), -1)
+        logp = jnp.take_along_axis(logp_all, targets[..., None], -1)[..., 0]
+        return logp, -jnp.sum(jnp.exp(logp_all) * logp_all, -1)
+
+    def chunked(p):
+        return tf.head_logprobs(p, cfg, tf.forward_hidden(p, cfg, tokens), targets, chunk=4)  # 3 chunks, 1 padded
+
+    (lp_w, ent_w), (lp_c, ent_c) = whole(params), chunked(params)
+    np.testing.assert_allclose(np.asarray(lp_c), np.asarray(lp_w), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(ent_c), np.asarray(ent_w), atol=1e-6)
+    weights = jnp.asarray(rng.normal(size=(3, 11)), jnp.float32)
+    g_w = jax.grad(lambda p: jnp.sum(weights * whole(p)[0]))(params)
+    g_c = jax.grad(lambda p: jnp.sum(weights * chunked(p)[0]))(params)
+    for a, b in zip(jax.tree.leaves(g_w), jax.tree.leaves(g_c)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-4)
+    assert float(jnp.abs(g_c["embed"]).max()) > 0

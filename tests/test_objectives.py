@@ -209,3 +209,31 @@ def test_a_term_name_cannot_be_taken_twice():
         objectives.register("pg")(lambda x: (x["logp"], {}))
     with pytest.raises(ValueError, match="needs \\['rewards'\\]"):
         objectives.register("r", needs=("rewards",))
+
+
+@pytest.mark.parametrize("term", ["pg", "kl", "mopd"])
+def test_chunked_log_probs_give_the_update_of_the_whole_logits(term, monkeypatch):
+    # a budget of 2 positions x 8 rows x vocab: the policy, reference and teacher passes run in chunks of 2
+    # positions (4 chunks for 8 targets, the last one padded) and must give the same update and metrics
+    _, whole, (m_whole,) = _run({term: 1.0}, "seq_mean_token_mean")
+    monkeypatch.setattr(update, "LOGITS_BUDGET", 2 * 8 * CFG.vocab_size + 5)
+    assert update.logit_chunk(_batch(), CFG.vocab_size) == 2
+    _, chunked, (m_chunked,) = _run({term: 1.0}, "seq_mean_token_mean")
+    for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(chunked.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
+    assert set(m_whole) == set(m_chunked)
+    for k in m_whole:
+        np.testing.assert_allclose(m_chunked[k], m_whole[k], rtol=1e-5, atol=1e-7, err_msg=k)
+    assert float(m_whole["grad_norm"]) > 0 and float(m_whole["entropy"]) > 0
+
+
+def test_a_term_reading_logits_unannounced_is_told_how():
+    @objectives.register("_peek_logits")
+    def peek(x):
+        return x["logits"][..., 0], {}
+
+    objective = objectives.build({"_peek_logits": 1.0}, "token_mean", SETTINGS)
+    assert not objective.reads_logits and objectives.build({"entropy": 1.0}, "token_mean", SETTINGS).reads_logits
+    with pytest.raises(KeyError, match=r"'_peek_logits' reads x\['logits'\].*logits=True"):
+        objective.term_losses({"logp": jnp.zeros((1, 2)), "mask": jnp.ones((1, 2))}, 1.0, 2.0)
+    objectives.TERMS.pop("_peek_logits")

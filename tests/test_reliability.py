@@ -242,6 +242,7 @@ def test_unreadable_latest_checkpoint_falls_back_then_names_the_path(tmp_path, c
     ck = checkpoint.StageCheckpointer(str(tmp_path / "ck"))
     for step in (1, 2):
         ck.save(step, {"w": jnp.full((64,), float(step))}, {"iterator": step})
+    ck.wait()  # saves are asynchronous: on disk only now
     abstract = {"w": jax.ShapeDtypeStruct((64,), jnp.float32)}
     _corrupt(os.path.join(ck.directory, "2"))
     step, state, data = ck.restore_latest_good(abstract)

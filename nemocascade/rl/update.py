@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 from nemocascade import losses, optim
-from nemocascade.models import forward
+from nemocascade.models import forward, forward_hidden, head_logprobs
 from nemocascade.rl import filters
 from nemocascade.rl.rollouts import trim_columns
 
@@ -80,23 +80,58 @@ class FrozenRoles:
         return out
 
 
+LOGITS_BUDGET = 2 ** 26  # float32 elements (256 MiB) of [rows, positions, vocab] logits built at once
+
+
+def logit_chunk(batch, vocab: int, budget: int | None = None) -> int:
+    """Positions per chunk so one chunk's logits fit `budget` (default LOGITS_BUDGET) elements; 0 when the whole
+    batch's do (no chunking)."""
+    rows, width = batch["tokens"].shape
+    chunk = max((budget or LOGITS_BUDGET) // (rows * vocab), 1)
+    return 0 if chunk >= width - 1 else chunk
+
+
+def _inputs(batch):
+    return batch["tokens"][:, :-1], batch["positions"][:, :-1], batch["valid"][:, :-1]
+
+
 def _next_token_logits(params, model_cfg, batch):
     """Logits at every position but the last, aligned with the targets batch["tokens"][:, 1:]."""
-    return forward(params, model_cfg, batch["tokens"][:, :-1], batch["positions"][:, :-1], batch["valid"][:, :-1])
+    return forward(params, model_cfg, *_inputs(batch))
+
+
+def token_outputs(params, model_cfg, batch, full_logits: bool = False) -> dict:
+    """The policy's (or a frozen role's) values on the batch, aligned with the targets batch["tokens"][:, 1:]:
+    ``logp`` [N, T] of the targets, ``entropy`` [N, T] (no gradient) and, with `full_logits`, ``logits``
+    [N, T, V]. Without `full_logits` a batch whose logits exceed LOGITS_BUDGET gets them chunk by chunk
+    (models.head_logprobs): [N, T, V] is never built, in the forward pass or the backward."""
+    targets = batch["tokens"][:, 1:]
+    chunk = 0 if full_logits else logit_chunk(batch, model_cfg.vocab_size)
+    if chunk:
+        logp, entropy = head_logprobs(params, model_cfg, forward_hidden(params, model_cfg, *_inputs(batch)), targets,
+                                      chunk)
+        return {"logp": logp, "entropy": entropy}
+    logits = _next_token_logits(params, model_cfg, batch)
+    out = {"logp": losses.token_logprobs(logits, targets),
+           "entropy": jax.lax.stop_gradient(losses.token_entropy(logits))}
+    return out | ({"logits": logits} if full_logits else {})
 
 
 def _sampled_logp(model_cfg, params, batch):
-    return losses.token_logprobs(_next_token_logits(params, model_cfg, batch), batch["tokens"][:, 1:])
+    return token_outputs(params, model_cfg, batch)["logp"]
 
 
 def _teacher_pass(model_cfg, full: bool, topk: int, params, batch, rows, acc):
     """This teacher's values on `rows` (bool [N]), the accumulated other teachers' values elsewhere."""
-    logp_all = jax.nn.log_softmax(_next_token_logits(params, model_cfg, batch).astype(jnp.float32), -1)
-    new = {"teacher_logp": jnp.take_along_axis(logp_all, batch["tokens"][:, 1:, None], -1)[..., 0]}
-    if full and topk:
-        new["teacher_logits"], new["teacher_support"] = jax.lax.top_k(logp_all, topk)
-    elif full:
-        new["teacher_logits"] = logp_all
+    if full:
+        logp_all = jax.nn.log_softmax(_next_token_logits(params, model_cfg, batch).astype(jnp.float32), -1)
+        new = {"teacher_logp": jnp.take_along_axis(logp_all, batch["tokens"][:, 1:, None], -1)[..., 0]}
+        if topk:
+            new["teacher_logits"], new["teacher_support"] = jax.lax.top_k(logp_all, topk)
+        else:
+            new["teacher_logits"] = logp_all
+    else:
+        new = {"teacher_logp": _sampled_logp(model_cfg, params, batch)}
     if acc is None:
         return new
     pick = lambda a, b: jnp.where(rows.reshape(-1, *([1] * (a.ndim - 1))), a, b)  # noqa: E731
@@ -123,8 +158,7 @@ def policy_update(state, batch, *, model_cfg, tx, objective, micro_batches: int 
     weights = objective.weights(state.step)
 
     def weighted_terms(params, b):
-        logits = _next_token_logits(params, model_cfg, b)
-        x = {**b, "logits": logits, "logp": losses.token_logprobs(logits, b["tokens"][:, 1:])}
+        x = {**b, **token_outputs(params, model_cfg, b, full_logits=objective.reads_logits)}
         values, metrics = objective.term_losses(x, normalizer, n_tok)
         metrics |= {f"term/{k}": v for k, v in values.items()} | _diagnostics(x, n_tok, domains, domain_tokens)
         return {k: weights[k] * v for k, v in values.items()}, metrics
@@ -162,7 +196,7 @@ def _diagnostics(x, n_tok, domains, domain_tokens) -> dict:
     gap, and with a teacher the reverse KL log pi - log pi_teacher overall and per domain (it should fall)."""
     sg = jax.lax.stop_gradient
     m = x["mask"]
-    out = {"entropy": jnp.sum(m * sg(losses.token_entropy(x["logits"]))) / n_tok,
+    out = {"entropy": jnp.sum(m * x["entropy"]) / n_tok,
            "logp_mismatch": jnp.sum(m * jnp.abs(sg(x["logp"]) - x["sampler_logp"])) / n_tok}
     if "teacher_logp" in x:
         rkl = m * (sg(x["logp"]) - x["teacher_logp"])

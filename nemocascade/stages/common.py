@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from nemocascade import checkpoint, evaluation, interrupts, optim, train_state
+from nemocascade import checkpoint, compiles, evaluation, interrupts, optim, train_state
 from nemocascade.data import domains, pipeline
 from nemocascade.configs import stage_order
 from nemocascade.errors import Diverged, RunStop
@@ -256,6 +256,7 @@ class Trainer:
         self._bar = None
         self._nonfinite_run = 0  # consecutive skipped steps
         self._diverged = ""  # why the run must stop after the current step, once too many were skipped
+        self._compiles = compiles.Since()  # XLA compilations per logged step (metrics: compiles, compile_s)
 
     def _carried_opt_state(self, state_shape):
         """optimizer_policy="keep": the optimiser state the start stage ended with (Adam moments and count),
@@ -318,6 +319,7 @@ class Trainer:
         return {k: v for k, v in metrics.items() if k not in bad}  # NaN has no place in metrics.jsonl
 
     def log(self, step: int, metrics: dict):
+        metrics = {**metrics, **self._compiles.take()}
         self.ctx.log.log_step(self.name, step, metrics)
         if hasattr(self._bar, "set_postfix"):
             self._bar.set_postfix({k: f"{v:.4g}" for k, v in metrics.items() if k in ("loss", "reward", "kl")},
