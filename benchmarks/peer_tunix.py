@@ -4,6 +4,7 @@ Runs in a separate venv that has google-tunix 0.1.7 (not nemocascade's environme
 
     /tmp/tunix_venv/bin/python benchmarks/peer_tunix.py --ckpt=DIR --out=FILE.json [--what=sampler,grpo]
         [--batches=1,8,32] [--new=128] [--prompt_len=64] [--reps=3] [--grpo_shapes=2x4x96,8x8x128] [--grpo_steps=4]
+        [--micro_rows=16]
 
 DIR holds config.json + model.safetensors of a Llama-architecture model; it is loaded into tunix's own
 `tunix.models.llama3` model (`params.create_model_from_safe_tensors`), float32 params and compute.
@@ -13,7 +14,8 @@ sampler["B"]: B prompts of exactly --prompt_len random ids (numpy seed 0, ids in
   compile_s = the first call (compilation + one run); rep_s = the --reps timed calls after it (each
   with its own seed; every call returns the tokens on the host); tok_s = B * new / median(rep_s).
 grpo["PxGxN"]: tunix's GRPOLearner, P prompts x G generations per step, up to N new tokens, beta 0,
-  AdamW lr 1e-6, one update per step. steps_s = the wall time of each of --grpo_steps steps after one
+  AdamW lr 1e-6, one update per step, trained in micro-batches of at most --micro_rows rows
+  (train_micro_batch_size, in prompts). steps_s = the wall time of each of --grpo_steps steps after one
   warm-up step (the learner's `_run_global_step`: rollout, advantages, the update); step_s = their
   median; phases_s = the median time per step in rl_cluster.generate (rollout), get_ref_per_token_logps
   (reference), update_actor (train), sync_weights (sync) and the rest of the step (other).
@@ -165,6 +167,11 @@ class Timer:
         setattr(obj, attr, timed)
 
 
+def micro_prompts(p, g, micro_rows):
+    """Prompts per training micro-batch: the most that keep a micro-batch within `micro_rows` rows and divide p."""
+    return max(k for k in range(1, p + 1) if p % k == 0 and (k * g <= micro_rows or k == 1))
+
+
 def bench_grpo_shape(args, ckpt, cfg, tok, prompts, p, g, n):
     # Auto axes, as tunix/utils/mesh.py makes them: jax.make_mesh's default (Explicit) fails the embedding gather.
     mesh = jax.make_mesh((1, 1), ("fsdp", "tp"), devices=jax.devices()[:1],
@@ -175,7 +182,7 @@ def bench_grpo_shape(args, ckpt, cfg, tok, prompts, p, g, n):
         kv_cache_size=args.prompt_len + n, eos_tokens=[cfg.vocab_size])  # unreachable stop id: all N tokens
     training = rl_cluster_lib.RLTrainingConfig(
         actor_optimizer=optax.adamw(1e-6), eval_every_n_steps=10**9, max_steps=1 + args.grpo_steps,
-        mini_batch_size=p)
+        mini_batch_size=p, train_micro_batch_size=micro_prompts(p, g, args.micro_rows))
     cluster = rl_cluster_lib.RLCluster(
         actor=model, reference=model, tokenizer=tok,
         cluster_config=rl_cluster_lib.ClusterConfig(
@@ -212,7 +219,8 @@ def bench_grpo_shape(args, ckpt, cfg, tok, prompts, p, g, n):
     return {"step_s": statistics.median(timed), "steps_s": timed, "warmup_step_s": steps[0],
             "phases_s": {**phases, "other": statistics.median(other)},
             "calls": {k: len(v) for k, v in timer.t.items()},
-            "completion_tokens_per_step": p * g * n, "train_call_total_s": total}
+            "completion_tokens_per_step": p * g * n, "train_call_total_s": total,
+            "train_micro_batch_prompts": micro_prompts(p, g, args.micro_rows)}
 
 
 def bench_grpo(args, ckpt, cfg):
@@ -239,6 +247,7 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--grpo_shapes", default="2x4x96,8x8x128")
     ap.add_argument("--grpo_steps", type=int, default=4)
+    ap.add_argument("--micro_rows", type=int, default=16, help="train micro-batches of at most this many rows")
     args = ap.parse_args()
     args.batches = [int(b) for b in args.batches.split(",")]
     args.grpo_shapes = args.grpo_shapes.split(",")

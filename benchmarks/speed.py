@@ -18,7 +18,8 @@ Our side (`--side=ours`, one process) measures:
   EOS; one compile call then `reps` timed calls; also prompt-sharing shapes PxG (P prompts x G samples);
 - GRPO and MOPD steps built from the library's own pieces, as the on-policy stage runs them: sample (P prompts x
   G, the same text prompts and tokenizer as the peer, no EOS) / score (reward = (characters % 7) / 7, the peer's)
-  / frozen roles (MOPD: the teacher's pass) / train (`update.policy_update`, jitted, donated state); then, apart
+  / frozen roles (MOPD: the teacher's pass) / train (`update.policy_update`, jitted, donated state, in
+  micro-batches of at most `micro_rows` rows, as the peer's train_micro_batch_size); then, apart
   (the peer's steps save nothing), one async orbax save of the state as the trainer makes it: the seconds until it
   returns and until written. XLA compilations during timed steps are counted (`nemocascade.compiles`), must be 0.
 """
@@ -115,6 +116,12 @@ def _prompts(tok, n: int, width: int):
     return toks, np.asarray([len(r) for r in ids], np.int32)
 
 
+def micro_batches(rows: int, micro_rows: int) -> int:
+    """The fewest micro-batches of at most `micro_rows` rows that split `rows` evenly (activations of a whole
+    8x8x128 SmolLM2 batch need more than this machine's 24 GB)."""
+    return next(m for m in range(max(-(-rows // micro_rows), 1), rows + 1) if rows % m == 0)
+
+
 def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> dict:
     """One on-policy step (GRPO: pg; MOPD: the mopd term against a teacher), timed phase by phase."""
     P, G, N = (int(x) for x in shape.split("x"))
@@ -128,8 +135,9 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
     roles = update.FrozenRoles(cfg, objective.needs, teachers=(teacher,) if teacher is not None else (),
                                teacher_of_domain=[0] if teacher is not None else None)
     state = train_state.create(jax.tree.map(jnp.copy, params), tx, jax.random.key(0))
-    step_fn = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=cfg, tx=tx, objective=objective),
-                      donate_argnums=0)
+    micro = micro_batches(P * G, args.micro_rows)
+    step_fn = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=cfg, tx=tx, objective=objective,
+                                                        micro_batches=micro), donate_argnums=0)
     times, counted = [], []
     for k in range(1 + args.steps):
         seen = compiles.Since()
@@ -176,7 +184,7 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
             "timed_compiles": sum(c["compiles"] for c in timed_compiles),
             "phases_s": {k: statistics.median(t[k] for t in timed) for k in timed[0]},
             "checkpoint_s": {"returns": t1 - t0, "written": t2 - t0},
-            "completion_tokens_per_step": P * G * N}
+            "completion_tokens_per_step": P * G * N, "micro_batches": micro}
 
 
 def ours(args) -> dict:
@@ -205,7 +213,7 @@ def ensure_checkpoint(path: str) -> str:
 def side_command(side: str, args, out: str) -> list[str]:
     common = [f"--ckpt={args.ckpt}", f"--out={out}", f"--batches={','.join(map(str, args.batches))}",
               f"--new={args.new}", f"--prompt_len={args.prompt_len}", f"--reps={args.reps}",
-              f"--grpo_shapes={','.join(args.grpo_shapes)}"]
+              f"--grpo_shapes={','.join(args.grpo_shapes)}", f"--micro_rows={args.micro_rows}"]
     if side == "ours":
         return [sys.executable, os.path.abspath(__file__), "--side=ours", f"--steps={args.steps}",
                 f"--mopd_shapes={','.join(args.mopd_shapes)}",
@@ -270,6 +278,8 @@ def main():
     ap.add_argument("--grpo_shapes", default="2x4x96,8x8x128")
     ap.add_argument("--mopd_shapes", default="2x4x96", help="our MOPD step (the peer has none), PxGxN")
     ap.add_argument("--steps", type=int, default=2, help="timed RL steps after one warm-up step")
+    ap.add_argument("--micro_rows", type=int, default=16, help="train in micro-batches of at most this many rows "
+                    "(both sides: our micro_batches, the peer's train_micro_batch_size in prompts)")
     ap.add_argument("--quick", action="store_true", help="small shapes, one round: a check that it runs")
     args = ap.parse_args()
     if args.quick:
