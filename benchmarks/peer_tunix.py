@@ -180,9 +180,10 @@ def bench_grpo_shape(args, ckpt, cfg, tok, prompts, p, g, n):
     rollout = base_rollout.RolloutConfig(
         max_tokens_to_generate=n, temperature=1.0, top_p=1.0, top_k=None, max_prompt_length=args.prompt_len,
         kv_cache_size=args.prompt_len + n, eos_tokens=[cfg.vocab_size])  # unreachable stop id: all N tokens
+    micro = micro_prompts(p, g, args.micro_rows)
     training = rl_cluster_lib.RLTrainingConfig(
         actor_optimizer=optax.adamw(1e-6), eval_every_n_steps=10**9, max_steps=1 + args.grpo_steps,
-        mini_batch_size=p, train_micro_batch_size=micro_prompts(p, g, args.micro_rows))
+        mini_batch_size=p, train_micro_batch_size=micro if micro < p else None)
     cluster = rl_cluster_lib.RLCluster(
         actor=model, reference=model, tokenizer=tok,
         cluster_config=rl_cluster_lib.ClusterConfig(
@@ -223,7 +224,7 @@ def bench_grpo_shape(args, ckpt, cfg, tok, prompts, p, g, n):
             "train_micro_batch_prompts": micro_prompts(p, g, args.micro_rows)}
 
 
-def bench_grpo(args, ckpt, cfg):
+def bench_grpo(args, ckpt, cfg, save=lambda partial: None):
     if cfg.vocab_size == 49152:
         tok, name, prompts = GGUFTokenizer(), "SmolLM2 GGUF BPE", GRPO_PROMPTS
     else:  # a test checkpoint: the prompts' bytes, shifted into [10, vocab), as id strings
@@ -232,7 +233,11 @@ def bench_grpo(args, ckpt, cfg):
     out = {}
     for shape in args.grpo_shapes:
         p, g, n = (int(x) for x in shape.split("x"))
-        out[shape] = bench_grpo_shape(args, ckpt, cfg, tok, prompts, p, g, n)
+        try:
+            out[shape] = bench_grpo_shape(args, ckpt, cfg, tok, prompts, p, g, n)
+        except Exception as err:  # recorded, so the other shapes and the sampler still report
+            out[shape] = {"error": f"{type(err).__name__}: {str(err)[:300]}"}
+        save(out)
     return out, name
 
 
@@ -276,10 +281,15 @@ def main():
                "steps, and grpo's completion_mask); the work done is the same, only which keys count differs",
                "the second sampler call at a new batch size still compiles one tiny scalar op (~25 ms), so rep_s[0] "
                "can be slightly high; tok_s uses the median"]}
+    def dump(**parts):  # after every part, so a process the OOM killer stops still leaves what it measured
+        with open(args.out, "w") as f:
+            json.dump(res | parts, f, indent=1)
+
     if "sampler" in what:
         res["sampler"] = bench_sampler(args, args.ckpt, cfg)
+        dump()
     if "grpo" in what:
-        res["grpo"], tok_name = bench_grpo(args, args.ckpt, cfg)
+        res["grpo"], tok_name = bench_grpo(args, args.ckpt, cfg, save=lambda partial: dump(grpo=partial))
         res["notes"] += [
             f"grpo tokenizer: {tok_name}; prompts are fixed strings left-padded to --prompt_len={args.prompt_len}",
             "grpo: the same module is actor, rollout and reference on one (fsdp=1, tp=1) mesh, so tunix shares "
@@ -289,12 +299,14 @@ def main():
             "rollout seed (RolloutConfig.seed = PRNGKey(step))",
             "grpo phases: wall time of RLCluster.generate / get_ref_per_token_logps / update_actor (+ "
             "block_until_ready on the params) / sync_weights, wrapped on the instance; 'other' = step - phases"]
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+    dump()
     for b, r in res.get("sampler", {}).items():
         print(f"sampler B={b:>3}: {r['tok_s']:9.1f} tok/s  reps {', '.join(f'{s:.3f}' for s in r['rep_s'])} s  "
               f"compile {r['compile_s']:.1f} s")
     for s, r in res.get("grpo", {}).items():
+        if "error" in r:
+            print(f"grpo {s:>9}: {r['error']}")
+            continue
         ph = "  ".join(f"{k} {v:.2f}" for k, v in r["phases_s"].items())
         print(f"grpo {s:>9}: step {r['step_s']:.2f} s  (warm-up {r['warmup_step_s']:.1f} s)  {ph}")
     print(f"wrote {args.out}")

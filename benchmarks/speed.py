@@ -255,6 +255,12 @@ def table(rounds: dict) -> str:
                                     for k in ("returns", "written"))
             lines.append(f"| {kind} {shape} | {fmt(a, '{:.2f}')} | {fmt(b, '{:.2f}')} | "
                          f"{fmt(b / a if a and b else None, '{:.2f}x')} | {ph} |")
+    for r in p:
+        for shape, v in r.get("grpo", {}).items():
+            if "error" in v:
+                lines.append(f"\ntunix grpo {shape} failed: {v['error']}")
+        if r.get("exit"):
+            lines.append(f"\ntunix exited {r['exit']} (what it measured before is above)")
     if "mopd" in o[0] and "grpo" in o[0]:
         for shape in o[0]["mopd"]:
             lines.append(f"\nMOPD / GRPO step ({shape}): "
@@ -302,9 +308,14 @@ def main():
         for side in sides:  # A B A B
             out = os.path.join(args.out, f"{side}_round{r}.json")
             print(f"[speed] round {r + 1}/{args.rounds}: {side}", flush=True)
-            subprocess.run(side_command(side, args, out), check=True)
-            with open(out) as f:
-                rounds[side].append(json.load(f))
+            rc = subprocess.run(side_command(side, args, out)).returncode
+            if rc:  # what it wrote before it failed still counts; the table marks the gaps
+                print(f"[speed] {side} exited {rc}", flush=True)
+            got = {}
+            if os.path.exists(out) and os.path.getsize(out):
+                with open(out) as f:
+                    got = json.load(f)
+            rounds[side].append(got | {"exit": rc})
     text = table(rounds)
     with open(os.path.join(args.out, "speed.json"), "w") as f:
         json.dump({"args": {k: v for k, v in vars(args).items()}, "rounds": rounds}, f, indent=1)
