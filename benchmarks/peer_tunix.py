@@ -221,7 +221,7 @@ def bench_grpo_shape(args, ckpt, cfg, tok, prompts, p, g, n):
             "phases_s": {**phases, "other": statistics.median(other)},
             "calls": {k: len(v) for k, v in timer.t.items()},
             "completion_tokens_per_step": p * g * n, "train_call_total_s": total,
-            "train_micro_batch_prompts": micro_prompts(p, g, args.micro_rows)}
+            "train_micro_batch_prompts": micro}
 
 
 def bench_grpo(args, ckpt, cfg, save=lambda partial: None):

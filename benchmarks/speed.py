@@ -44,7 +44,7 @@ import numpy as np  # noqa: E402
 from nemocascade import checkpoint, compiles, objectives, optim, sampling, train_state  # noqa: E402
 from nemocascade.data import pipeline  # noqa: E402
 from nemocascade.models import gguf, hf  # noqa: E402
-from nemocascade.rl import update  # noqa: E402
+from nemocascade.rl import rollouts, update  # noqa: E402
 from nemocascade.stages import onpolicy  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -146,18 +146,12 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
         toks, lens = pipeline.bucket_left_padded(toks, lens, sampling.PROMPT_BUCKET)
         s = sampling.sample(state.params, cfg, jnp.asarray(toks), jnp.asarray(lens), jax.random.key(k),
                             max_new_tokens=N, eos_id=-1, num_samples=G)
-        seq = jax.device_get(sampling.sequences(s))
-        host = jax.device_get(s)
+        s, seqs = jax.device_get((s, sampling.sequences(s)))
         t1 = time.perf_counter()
-        texts = [tok.decode(r[m > 0].tolist()) for r, m in zip(host.tokens, host.mask)]
+        texts = [tok.decode(r[m > 0].tolist()) for r, m in zip(s.tokens, s.mask)]
         rewards = np.asarray([(len(x) % 7) / 7 for x in texts], np.float32).reshape(P, G)
         t2 = time.perf_counter()
-        shape3 = lambda x: np.asarray(x).reshape(P, G, *np.shape(x)[1:])  # noqa: E731
-        sampler_logp = np.concatenate([np.zeros_like(host.prompts[:, 1:], np.float32), host.logprobs], 1)
-        groups = {"tokens": shape3(seq[0]), "valid": shape3(seq[1]), "positions": shape3(seq[2]),
-                  "mask": shape3(seq[3]), "sampler_logp": shape3(sampler_logp), "rewards": rewards,
-                  "truncated": shape3(host.truncated), "lengths": shape3(host.lengths),
-                  "domain_idx": np.zeros(P, np.int32)}
+        groups = rollouts.to_groups(s, seqs, rewards, np.zeros(P, np.int32))
         batch = update.build_batch(groups, overlong="none", adv_eps=1e-6, target=P,
                                    with_advantages=kind == "grpo")
         batch = jax.device_put(batch)

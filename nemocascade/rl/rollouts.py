@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 
+import jax.numpy as jnp
 import numpy as np
 
 from nemocascade import evaluation, sampling
@@ -77,11 +78,8 @@ class RolloutSource:
                                   num_samples=G)
         # back to the stage's full prompt width (left padding), so refill rounds of other widths concatenate;
         # the trainer's batch cuts the all-padding columns again (trim_columns)
-        left = max_prompt - toks.shape[1]
-        tokens, valid, positions, rmask = (_left_pad(x, left, pad) for x, pad in zip(
-            to_host(sampling.sequences(samples)), (ctx.tokenizer.pad_id, False, 0, 0.0)))
-        samples = to_host(samples)
-        samples = samples._replace(prompts=_left_pad(samples.prompts, left, ctx.tokenizer.pad_id))
+        samples = widen_prompts(samples, max_prompt, ctx.tokenizer.pad_id)
+        samples, seqs = to_host((samples, sampling.sequences(samples)))
         t1 = time.perf_counter()
         P = len(records)
         verifier = {f"verifier_{k}": 0 for k in OUTCOMES}  # a reward model (scorer) is no verifier: 0
@@ -97,20 +95,29 @@ class RolloutSource:
             rewards = np.full((P, G), np.nan, np.float32)
         t2 = time.perf_counter()
         domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
-        shape = lambda x: np.asarray(x).reshape(P, G, *np.shape(x)[1:])  # noqa: E731
-        sampler_logp = np.concatenate([np.zeros_like(samples.prompts[:, 1:], np.float32), samples.logprobs], 1)
-        groups = {"tokens": shape(tokens), "valid": shape(valid), "positions": shape(positions),
-                  "mask": shape(rmask), "sampler_logp": shape(sampler_logp), "rewards": rewards,
-                  "truncated": shape(samples.truncated), "lengths": shape(samples.lengths),
-                  "domain_idx": np.asarray([domain_index[r["domain"]] for r in records])}
+        groups = to_groups(samples, seqs, rewards, [domain_index[r["domain"]] for r in records])
         if self.epoch_filter and score:
             self.epoch_filter.update([r["id"] for r in records], rewards)
         return groups, {"generate_s": t1 - t0, "score_s": t2 - t1, **verifier}
 
 
-def _left_pad(x, n: int, value):
-    """[N, w] -> [N, n + w]: `n` columns of `value` on the left."""
-    return np.pad(np.asarray(x), [(0, 0), (n, 0)], constant_values=value) if n else np.asarray(x)
+def widen_prompts(samples: sampling.Samples, width: int, pad_id: int) -> sampling.Samples:
+    """`samples` with its prompts left-padded to `width` columns (the sampler saw them cut to a bucket)."""
+    left = width - samples.prompts.shape[1]
+    return samples._replace(prompts=jnp.pad(samples.prompts, ((0, 0), (left, 0)), constant_values=pad_id))
+
+
+def to_groups(samples: sampling.Samples, seqs, rewards, domain_idx) -> dict:
+    """Host samples of P prompts x G and their `sampling.sequences` -> the groups dict of the module docstring
+    (leading dims [P, G]); `rewards` [P, G], `domain_idx` [P]."""
+    P, G = np.shape(rewards)
+    tokens, valid, positions, rmask = seqs
+    shape = lambda x: np.asarray(x).reshape(P, G, *np.shape(x)[1:])  # noqa: E731
+    sampler_logp = np.concatenate([np.zeros_like(samples.prompts[:, 1:], np.float32), samples.logprobs], 1)
+    return {"tokens": shape(tokens), "valid": shape(valid), "positions": shape(positions),
+            "mask": shape(rmask), "sampler_logp": shape(sampler_logp), "rewards": rewards,
+            "truncated": shape(samples.truncated), "lengths": shape(samples.lengths),
+            "domain_idx": np.asarray(domain_idx)}
 
 
 def trim_columns(batch: dict, bucket: int = 16) -> dict:

@@ -83,11 +83,10 @@ class FrozenRoles:
 LOGITS_BUDGET = 2 ** 26  # float32 elements (256 MiB) of [rows, positions, vocab] logits built at once
 
 
-def logit_chunk(batch, vocab: int, budget: int | None = None) -> int:
-    """Positions per chunk so one chunk's logits fit `budget` (default LOGITS_BUDGET) elements; 0 when the whole
-    batch's do (no chunking)."""
+def logit_chunk(batch, vocab: int) -> int:
+    """Positions per chunk so one chunk's logits fit LOGITS_BUDGET elements; 0 when the whole batch's do."""
     rows, width = batch["tokens"].shape
-    chunk = max((budget or LOGITS_BUDGET) // (rows * vocab), 1)
+    chunk = max(LOGITS_BUDGET // (rows * vocab), 1)
     return 0 if chunk >= width - 1 else chunk
 
 
