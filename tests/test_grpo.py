@@ -142,10 +142,10 @@ def test_build_batch_cuts_all_padding_columns_in_buckets():
     mask[0, 0, 30:40] = 1
     g |= {"tokens": tokens, "valid": valid, "positions": tokens, "mask": mask, "sampler_logp": mask * -0.5}
     b = _build(g, _stage(), target=1)
-    # lo = 16 (20 rounded down), width = 32 (41-16=25 rounded up) -> columns 16..47
-    assert b["tokens"][0].tolist() == list(range(16, 48))
+    # used columns 20..40 (21) -> width 32 from the ladder, starting at the first used column: 20..51
+    assert b["tokens"][0].tolist() == list(range(20, 52))
     assert b["mask"].shape == (2, 31) and b["mask"].sum() == 10
-    np.testing.assert_array_equal(b["mask"][0], mask[0, 0, 16:47])
+    np.testing.assert_array_equal(b["mask"][0], mask[0, 0, 20:51])
 
 
 def test_kl_term_gradient_equals_hand_k3():
@@ -227,3 +227,22 @@ def test_grpo_learns_a_verifiable_toy_reward():
     last = np.mean([rollout(state.params, jax.random.key(200 + k))["rewards"].mean() for k in range(3)])
     assert 0.25 < first < 0.75, first
     assert last > 0.9, (first, last)
+
+
+def test_trim_columns_keeps_every_used_column_on_the_width_ladder():
+    from nemocascade.rl.rollouts import bucket_width, trim_columns
+    # the ladder, worked by hand: 16 x {1, 2, 3, 4, 6, 8, 12, 16, 24}
+    assert [bucket_width(n, 16) for n in (1, 17, 33, 49, 65, 97, 129, 193, 257, 385)] == \
+        [16, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+    W = 100
+    for lo, hi, want in [(5, 40, (5, 53)), (70, 98, (68, 100)), (2, 99, (0, 100)), (50, 51, (50, 66))]:
+        valid = np.zeros((3, W), bool)
+        valid[0, lo:hi - 1] = True
+        valid[2, hi - 1] = True
+        cols = np.tile(np.arange(W), (3, 1))
+        batch = {"tokens": cols, "valid": valid, "positions": cols, "mask": cols[:, 1:] * 10, "rewards": np.ones(3)}
+        out = trim_columns(batch, 16)
+        assert (out["tokens"][0, 0], out["tokens"][0, -1] + 1) == want
+        assert out["valid"].sum() == valid.sum()                      # nothing used was cut
+        np.testing.assert_array_equal(out["mask"][0], np.arange(want[0] + 1, want[1]) * 10)  # targets stay aligned
+        assert out["rewards"].shape == (3,)

@@ -120,16 +120,29 @@ def to_groups(samples: sampling.Samples, seqs, rewards, domain_idx) -> dict:
             "domain_idx": np.asarray(domain_idx)}
 
 
+def bucket_width(n: int, bucket: int) -> int:
+    """The smallest width >= n on the ladder bucket x {1, 2, 3, 4, 6, 8, 12, 16, ...} (two steps per octave):
+    at most 1.5x the columns needed, and a step's width takes one of ~2 log2(L / bucket) values, so a run
+    compiles its train step a handful of times instead of once per multiple of `bucket`."""
+    m = 1
+    while bucket * m < n:
+        m = m * 3 // 2 if m >= 2 and (m & (m - 1)) == 0 else (m // 3) * 4 if m % 3 == 0 else m * 2
+    return bucket * m
+
+
 def trim_columns(batch: dict, bucket: int = 16) -> dict:
     """Cut the columns that are padding in every row (left of the longest prompt, right of the longest
-    response), keeping widths multiples of `bucket` so only a few shapes are ever compiled.
-    Keys tokens/valid/positions are [N, L]; other 2-D keys are [N, L-1] (next-token aligned)."""
+    response), keeping a width from `bucket_width`'s ladder (at most the batch's own width) so only a few
+    shapes are ever compiled. Keys tokens/valid/positions are [N, L]; other 2-D keys are [N, L-1]
+    (next-token aligned)."""
     used = np.flatnonzero(batch["valid"].any(0))
     if used.size == 0:
         used = np.arange(1)
     width = batch["tokens"].shape[1]
-    lo = min(int(used[0]) // bucket * bucket, width - 2)
-    hi = min(width, lo + -(-(int(used[-1]) + 1 - lo) // bucket) * bucket)
+    lo, hi = int(used[0]), int(used[-1]) + 1
+    keep = min(width, max(bucket_width(hi - lo, bucket), 2))
+    lo = min(lo, width - keep)  # widen to the left first (prompts are left-padded), then to the right
+    hi = lo + keep
     return {k: v[:, lo:hi] if k in ("tokens", "valid", "positions") else v[:, lo:hi - 1] if v.ndim == 2 else v
             for k, v in batch.items()}
 
