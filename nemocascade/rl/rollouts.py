@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -65,25 +66,50 @@ class RolloutSource:
 
     def sample(self, params, records, max_new: int, rng, score: bool = True):
         """Sample G rollouts per record from `params` and (if `score`) score them -> (groups, stats) as in the
-        module docstring: groups' arrays have leading dims [P, G], P = len(records); unscored rewards are NaN."""
+        module docstring: groups' arrays have leading dims [P, G], P = len(records); unscored rewards are NaN.
+
+        The records go to the sampler in `stage.score_overlap` equal chunks (the largest divisor of P at most
+        that): chunk c+1 is dispatched before chunk c is scored, so the verifiers run while the device generates
+        (`pipelined`). One chunk samples all P prompts with `rng` itself; chunk c of several uses fold_in(rng, c)."""
         ctx, stage, G = self.ctx, self.stage, self.stage.group_size
-        t0 = time.perf_counter()
-        max_prompt = stage.max_prompt_len or ctx.cfg.eval.max_prompt_len
-        toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in records], max_prompt,
-                                             thinking=ctx.cfg.thinking, bucket=sampling.PROMPT_BUCKET)
-        toks, lens = shard_batch(ctx.mesh, (toks, lens))
-        samples = sampling.sample(params, ctx.model_cfg, toks, lens, rng,
-                                  max_new_tokens=max_new, eos_id=ctx.tokenizer.eos_id, pad_id=ctx.tokenizer.pad_id,
-                                  temperature=stage.temperature, top_p=stage.top_p, top_k=stage.top_k,
-                                  num_samples=G)
-        # back to the stage's full prompt width (left padding), so refill rounds of other widths concatenate;
-        # the trainer's batch cuts the all-padding columns again (trim_columns)
-        samples = widen_prompts(samples, max_prompt, ctx.tokenizer.pad_id)
-        samples, seqs = to_host((samples, sampling.sequences(samples)))
-        t1 = time.perf_counter()
         P = len(records)
+        n = chunk_count(P, stage.score_overlap)
+        k = P // n
+        max_prompt = stage.max_prompt_len or ctx.cfg.eval.max_prompt_len
+
+        def generate(c):
+            part = records[c * k:(c + 1) * k]
+            toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in part], max_prompt,
+                                                 thinking=ctx.cfg.thinking, bucket=sampling.PROMPT_BUCKET)
+            toks, lens = shard_batch(ctx.mesh, (toks, lens))
+            samples = sampling.sample(params, ctx.model_cfg, toks, lens, rng if n == 1 else jax.random.fold_in(rng, c),
+                                      max_new_tokens=max_new, eos_id=ctx.tokenizer.eos_id,
+                                      pad_id=ctx.tokenizer.pad_id, temperature=stage.temperature,
+                                      top_p=stage.top_p, top_k=stage.top_k, num_samples=G)
+            # back to the stage's full prompt width (left padding), so chunks and refill rounds of other widths
+            # concatenate; the trainer's batch cuts the all-padding columns again (trim_columns)
+            samples = widen_prompts(samples, max_prompt, ctx.tokenizer.pad_id)
+            return samples, sampling.sequences(samples)  # device arrays: JAX dispatches and returns at once
+
+        def score_chunk(c, host):
+            samples, seqs = host
+            rewards, domain_idx, verifier = self._score(records[c * k:(c + 1) * k], samples, score)
+            return to_groups(samples, seqs, rewards, domain_idx), verifier
+
+        parts, timing = pipelined(n, generate, score_chunk)
+        groups = {key: np.concatenate([g[key] for g, _ in parts]) for key in parts[0][0]}
+        verifier = {key: sum(v[key] for _, v in parts) for key in parts[0][1]}
+        if self.epoch_filter and score:
+            self.epoch_filter.update([r["id"] for r in records], groups["rewards"])
+        return groups, {**timing, **verifier}
+
+    def _score(self, records, samples, score: bool):
+        """(rewards [P, G], domain indices [P], verifier counts) of host `samples` for `records`."""
+        ctx, G, P = self.ctx, self.stage.group_size, len(records)
         verifier = {f"verifier_{k}": 0 for k in OUTCOMES}  # a reward model (scorer) is no verifier: 0
-        if score:
+        if not score:
+            rewards = np.full((P, G), np.nan, np.float32)
+        else:
             texts = evaluation.decode_responses(ctx.tokenizer, samples.tokens, samples.mask, ctx.cfg.thinking)
             if self.scorer is not None:
                 rewards = np.asarray(self.scorer(records, texts, samples.lengths.reshape(P, G)), np.float32)
@@ -91,14 +117,35 @@ class RolloutSource:
                 scores, verifier = evaluation.score_texts(ctx.pool, texts, [r for r in records for _ in range(G)],
                                                           self.rewards)
                 rewards = np.asarray(scores, np.float32).reshape(P, G)
-        else:
-            rewards = np.full((P, G), np.nan, np.float32)
-        t2 = time.perf_counter()
         domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
-        groups = to_groups(samples, seqs, rewards, [domain_index[r["domain"]] for r in records])
-        if self.epoch_filter and score:
-            self.epoch_filter.update([r["id"] for r in records], rewards)
-        return groups, {"generate_s": t1 - t0, "score_s": t2 - t1, **verifier}
+        return rewards, [domain_index[r["domain"]] for r in records], verifier
+
+
+def chunk_count(P: int, most: int) -> int:
+    """The largest divisor of P that is at most `most` (>= 1): equal chunks, one compiled sampler shape."""
+    return max(d for d in range(1, max(min(P, most), 1) + 1) if P % d == 0)
+
+
+def pipelined(n: int, generate, score):
+    """Generate and score `n` chunks with the host's scoring of chunk c overlapping the device's generation of
+    chunk c+1. `generate(c)` dispatches chunk c and returns its device arrays (JAX returns before they are
+    computed); `score(c, host_arrays)` runs on the host. Returns ([score(c, ...) for each c], timings):
+    generate_s (the host blocked on the device, dispatch included), score_s (host scoring), score_overlap_s (the
+    part of score_s spent while a later chunk was generating). generate_s + score_s is the wall time."""
+    out, gen_s, score_s, overlap_s = [], 0.0, 0.0, 0.0
+    t = time.perf_counter()
+    pending = generate(0)
+    for c in range(n):
+        host = to_host(pending)
+        if c + 1 < n:
+            pending = generate(c + 1)
+        t1 = time.perf_counter()
+        gen_s += t1 - t
+        out.append(score(c, host))
+        t = time.perf_counter()
+        score_s += t - t1
+        overlap_s += (t - t1) if c + 1 < n else 0.0
+    return out, {"generate_s": gen_s, "score_s": score_s, "score_overlap_s": overlap_s}
 
 
 def widen_prompts(samples: sampling.Samples, width: int, pad_id: int) -> sampling.Samples:

@@ -35,6 +35,8 @@ DEFAULTS = dict(
     max_prompt_len=0,  # 0: config.eval.max_prompt_len; long-context stages raise it
     mix={},  # domain -> weight of its share of the prompt stream (unnamed domains weigh 1; {} = equal shares)
     prompts_per_step=16, group_size=8, micro_batches=1,
+    score_overlap=2,  # rollouts generate in this many chunks of prompts; the verifiers score chunk c while c+1
+    # generates (rl/rollouts.py `pipelined`; the largest divisor of the prompt count at most this; 1 = no overlap)
     max_new_tokens=96,  # response budget; `length_curriculum` ((start_step, max_new_tokens), ...) overrides it
     length_curriculum=(),  # in sub-stages, C1 math RL style
     temperature=1.0, top_p=1.0, top_k=0,
@@ -66,7 +68,7 @@ def check(stage, earlier: dict) -> list[str]:
     bad += [f"group_size={G}: the group baseline needs >= 2 rollouts per prompt (one is always its own mean: "
             "advantage 0, nothing trains)"] if trains_on_rewards and G < 2 else []
     bad += [f"{k}={stage[k]} must be >= 1" for k in ("prompts_per_step", "group_size", "max_new_tokens",
-                                                      "refill_rounds") if stage[k] < 1]
+                                                      "refill_rounds", "score_overlap") if stage[k] < 1]
     bad += [f"micro_batches={stage.micro_batches} must divide prompts_per_step*group_size={B * G}"] if (
         stage.micro_batches < 1 or (B * G) % stage.micro_batches) else []
     curriculum = list(stage.length_curriculum)
