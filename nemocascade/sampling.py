@@ -1,7 +1,7 @@
-"""Jitted sampling: one prefill over the left-padded prompts (each prompt once, its KV cache shared by its G
-samples), then a `lax.while_loop` of single-token decode steps over the KV cache. Tokens are drawn by inverting
-the CDF (one uniform per row) and top-p finds its threshold by bisection: no vocabulary-sized random draw or
-sort per step.
+"""Jitted sampling: one prefill over the left-padded prompts (each prompt once, attending over the prompt's
+cache slots only; its KV cache shared by its G samples), then a `lax.while_loop` of single-token decode steps over
+the KV cache. Tokens are drawn by inverting the CDF (one uniform per row) and top-p finds its threshold by
+bisection: no vocabulary-sized random draw or sort per step.
 
 Returns, per response, the sampled tokens and the log-prob of each under the model at temperature 1
 (`log_softmax(logits)`, the distribution the trainer's `forward` computes). With T = 1 and top-p = 1
@@ -93,7 +93,7 @@ def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new
     valid0 = jnp.arange(prompt_len)[None, :] >= (prompt_len - lens0)[:, None]
     cache = init_cache(cfg, B0, prompt_len + N)
     logits, cache = forward_cached(params, cfg, prompt_tokens, left_pad_positions(valid0), valid0, cache, 0,
-                                   last_only=True)
+                                   last_only=True, seen=prompt_len)
     share = lambda x, axis: jnp.repeat(x, G, axis=axis) if G > 1 else x  # noqa: E731  (rows of a prompt adjacent)
     cache = KVCache(share(cache.k, 1), share(cache.v, 1), share(cache.valid, 0))
     prompts, lens = share(prompt_tokens, 0), share(lens0, 0)

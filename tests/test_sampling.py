@@ -46,6 +46,26 @@ def test_greedy_equals_argmax_loop_over_full_forward():
     assert len(set(np.asarray(out.tokens[0]).tolist())) > 1
 
 
+def test_long_greedy_decode_equals_one_full_forward():
+    """80 greedy tokens from a prefill that attends over the prompt's slots only and a decode over the cache: every
+    token is the argmax of one causal forward pass over prompt + response, its log-prob too."""
+    params = _params()
+    prompts = [[3, 4, 5, 6, 9], [7, 8]]
+    N = 80
+    toks = np.zeros((2, 5), np.int32)
+    for b, p in enumerate(prompts):
+        toks[b, 5 - len(p):] = p
+    out = sampling.sample(params, CFG, jnp.asarray(toks), jnp.asarray([5, 2]), jax.random.key(0),
+                          max_new_tokens=N, eos_id=-1, greedy=True)
+    for b, p in enumerate(prompts):
+        resp = np.asarray(out.tokens[b]).tolist()
+        logits = tf.forward(params, CFG, jnp.asarray([p + resp], jnp.int32))[0, len(p) - 1:-1]
+        assert np.asarray(jnp.argmax(logits, -1)).tolist() == resp
+        lp = jax.nn.log_softmax(logits)[jnp.arange(N), jnp.asarray(resp)]
+        np.testing.assert_allclose(np.asarray(out.logprobs[b]), np.asarray(lp), atol=1e-4)
+        assert len(set(resp[40:])) > 1  # not one token repeated
+
+
 def test_eos_stops_row_and_masks_rest():
     params = _params()
     toks = jnp.asarray([[3, 4, 5, 6], [0, 0, 7, 8]], jnp.int32)

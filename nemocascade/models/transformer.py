@@ -31,6 +31,12 @@ Params = dict[str, Any]
 _NEG_INF = -1e30  # finite, so fully-masked (padding) rows stay NaN-free
 
 
+def auto_dtype(backend: str | None = None) -> str:
+    """The compute dtype `dtype="auto"` means on `backend` (default: JAX's): bfloat16 where the matrix units
+    run it natively (TPU, GPU), float32 on CPU (bfloat16 matmuls there are emulated and slower)."""
+    return "float32" if (backend or jax.default_backend()) == "cpu" else "bfloat16"
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
     vocab_size: int
@@ -45,7 +51,8 @@ class ModelConfig:
     qk_norm: bool = False
     qkv_bias: bool = False
     tie_embeddings: bool = False
-    dtype: str = "float32"  # compute dtype: "float32" or "bfloat16"; params stay in param_dtype
+    dtype: str = "float32"  # compute dtype: "float32", "bfloat16", or "auto" (bfloat16 on TPU/GPU, float32 on
+    # CPU, where XLA has no fast bfloat16 matmul); params stay in param_dtype
     param_dtype: str = "float32"
     init_std: float = 0.02
     remat: bool = False  # rematerialise each layer in the backward pass (memory for compute)
@@ -58,9 +65,11 @@ class ModelConfig:
             raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
             raise ValueError(f"model.head_dim={self.head_dim} must be even for rotary embeddings")
-        for key in ("dtype", "param_dtype"):
+        if self.dtype == "auto":  # resolved once, here: the config is a static jit argument
+            object.__setattr__(self, "dtype", auto_dtype())
+        for key, also in (("dtype", " or 'auto'"), ("param_dtype", "")):
             if getattr(self, key) not in ("float32", "bfloat16"):
-                raise ValueError(f"model.{key} must be 'float32' or 'bfloat16', got {getattr(self, key)!r}")
+                raise ValueError(f"model.{key} must be 'float32', 'bfloat16'{also}, got {getattr(self, key)!r}")
 
     @classmethod
     def from_dict(cls, d) -> "ModelConfig":
@@ -191,7 +200,8 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
 
 def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None):
     """One pre-norm block. With `kv` = (all layers' cached k, v, this layer's index), writes the new
-    keys/values at slot `start` and attends over all cached slots; returns (x, (k_cache, v_cache)).
+    keys/values at slot `start` and attends over the first S cached slots (S = mask.shape[-1]); returns
+    (x, (k_cache, v_cache)).
     The cache is updated in place (a loop-carried dynamic_update_slice), never copied per step."""
     dt = jnp.dtype(cfg.dtype)
     w = lambda name: p[name].astype(dt)  # noqa: E731  (cast params to the compute dtype)
@@ -210,7 +220,10 @@ def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None):
         ck, cv, layer = kv
         ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, start, 0, 0))
         cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, start, 0, 0))
-        k, v, kv = ck[layer], cv[layer], (ck, cv)
+        # attend over the first mask.shape[-1] slots only (the caller's static bound on the filled ones)
+        S = mask.shape[-1]
+        visible = lambda c: jax.lax.dynamic_slice(c, (layer, 0, 0, 0, 0), (1, c.shape[1], S) + c.shape[3:])[0]  # noqa: E731
+        k, v, kv = visible(ck), visible(cv), (ck, cv)
     x = x + jnp.einsum("bthk,hkd->btd", attention(q, k, v, mask), w("wo"))
     h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
     gate = jnp.einsum("btd,df->btf", h, w("w_gate"))
@@ -295,19 +308,21 @@ def head_logprobs(params: Params, cfg: ModelConfig, h, targets, chunk: int):
 
 
 def forward_cached(params: Params, cfg: ModelConfig, tokens, positions, valid, cache: KVCache, start,
-                   last_only: bool = False):
+                   last_only: bool = False, seen: int = 0):
     """(logits [B, T, vocab] float32, new cache) for `tokens` [B, T] written to cache slots [start, start+T).
 
     Each token attends to every valid cached slot at or before its own. This is both prefill (start=0,
     T=prompt length) and decode (T=1). positions, valid [B, T] as in `forward` (required here).
     `last_only`: logits of the last column only ([B, 1, vocab]): a prefill needs no more, and the LM head over
     every prompt position would cost T x vocab x d_model per row.
+    `seen` (static, 0 = the whole cache): attention reads only cache slots [0, seen), which must include
+    [start, start+T); a decode loop raises it block by block so early steps do not read the empty cache.
     """
     T = tokens.shape[1]
     kv_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, start, axis=1)
-    slots = jnp.arange(cache.valid.shape[1])
+    slots = jnp.arange(seen or cache.valid.shape[1])
     query_slots = start + jnp.arange(T)
-    mask = (slots[None, :] <= query_slots[:, None])[None] & kv_valid[:, None, :]
+    mask = (slots[None, :] <= query_slots[:, None])[None] & kv_valid[:, None, :slots.shape[0]]
     h, (k, v) = _decoder(params, cfg, tokens, positions, mask, (cache.k, cache.v), start)
     return lm_head(params, cfg, h[:, -1:] if last_only else h), KVCache(k, v, kv_valid)
 
