@@ -164,3 +164,15 @@ def test_head_logprobs_in_chunks_equal_the_whole_logits_and_their_gradient():
     for a, b in zip(jax.tree.leaves(g_w), jax.tree.leaves(g_c)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5, rtol=1e-4)
     assert float(jnp.abs(g_c["embed"]).max()) > 0
+
+
+def test_auto_compute_dtype_is_float32_on_cpu_and_bfloat16_on_accelerators(monkeypatch):
+    from nemocascade.models import transformer as tfm
+    assert [tfm.auto_dtype(b) for b in ("cpu", "tpu", "gpu")] == ["float32", "bfloat16", "bfloat16"]
+    kw = dict(vocab_size=17, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32)
+    assert tfm.ModelConfig(**kw, dtype="auto").dtype == "float32"  # this machine's backend is the CPU
+    monkeypatch.setattr(tfm.jax, "default_backend", lambda: "tpu")
+    cfg = tfm.ModelConfig(**kw, dtype="auto")
+    assert cfg.dtype == "bfloat16" and cfg == tfm.ModelConfig(**kw, dtype="bfloat16")  # one jit cache entry
+    with pytest.raises(ValueError, match="model.dtype"):
+        tfm.ModelConfig(**kw, dtype="float16")

@@ -18,7 +18,7 @@ def math_base(name: str) -> ml_collections.ConfigDict:
     # vocab_size comes from the trained tokenizer
     c.model = dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=384,
                    rope_theta=10_000.0, qk_norm=False, qkv_bias=False, tie_embeddings=True,
-                   dtype="float32", param_dtype="float32", remat=False)
+                   dtype="auto", param_dtype="float32", remat=False)  # auto: bfloat16 on TPU/GPU, float32 on CPU
     c.tokenizer = dict(path="", vocab_size=384, corpus_size=5000)
     c.data = ml_collections.ConfigDict()
     c.data.data_dir = ""

@@ -86,7 +86,8 @@ def config_from_gguf(reader: gguf.GGUFReader) -> tf.ModelConfig:
         vocab_size=int(vocab), d_model=int(d_model), n_layers=int(key("block_count")), n_heads=int(n_heads),
         n_kv_heads=int(key("attention.head_count_kv", n_heads)), head_dim=int(head_dim),
         d_ff=int(key("feed_forward_length")), rope_theta=float(key("rope.freq_base", hf.DEFAULT_ROPE_THETA)),
-        norm_eps=float(key("attention.layer_norm_rms_epsilon")), tie_embeddings="output.weight" not in names)
+        norm_eps=float(key("attention.layer_norm_rms_epsilon")), tie_embeddings="output.weight" not in names,
+        dtype="auto")
 
 
 def smollm2_path() -> str:

@@ -112,7 +112,7 @@ def config_from_hf(hf: dict, param_dtype: str = "float32", where: str = "config.
         head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads, d_ff=hf["intermediate_size"],
         rope_theta=_rope_theta(hf, where), norm_eps=float(hf.get("rms_norm_eps", DEFAULT_RMS_EPS)),
         qk_norm=qk_norm, qkv_bias=qkv_bias, tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        param_dtype=param_dtype, init_std=float(hf.get("initializer_range", 0.02)))
+        dtype="auto", param_dtype=param_dtype, init_std=float(hf.get("initializer_range", 0.02)))
 
 
 def config_to_hf(cfg: tf.ModelConfig) -> dict:
@@ -255,7 +255,8 @@ def load(path: str, mesh=None, param_dtype: str | None = None):
     """(ModelConfig, params) of the HF checkpoint directory `path` (Llama / Qwen2 / Qwen3).
 
     Params keep the checkpoint's precision: bfloat16 when every float tensor is BF16, else float32
-    (F16 is widened); `param_dtype` overrides. Compute dtype is float32 (change `config.dtype`).
+    (F16 is widened); `param_dtype` overrides. Compute dtype "auto": float32 on CPU, bfloat16 on TPU/GPU
+    (change `config.dtype`).
     With `mesh`, params are placed straight into `param_shardings(config, mesh)`.
     """
     config_path = os.path.join(path, "config.json")
