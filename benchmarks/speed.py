@@ -17,7 +17,8 @@ Our side (`--side=ours`, one process) measures:
 - the sampler (`sampling.sample`): B prompts of `prompt_len` random ids, `new` tokens each, T = 1, top-p 1, no
   EOS; one compile call then `reps` timed calls; also prompt-sharing shapes PxG (P prompts x G samples);
 - GRPO and MOPD steps built from the library's own pieces, as the on-policy stage runs them: sample (P prompts x
-  G, the same text prompts and tokenizer as the peer, no EOS) / score (reward = (characters % 7) / 7, the peer's)
+  G, the same text prompts and tokenizer as the peer, no EOS; in `score_overlap` chunks of prompts, each scored
+  while the next generates, `rollouts.pipelined`) / score (reward = (characters % 7) / 7, the peer's)
   / frozen roles (MOPD: the teacher's pass) / train (`update.policy_update`, jitted, donated state, in
   micro-batches of at most `micro_rows` rows, as the peer's train_micro_batch_size); then, apart
   (the peer's steps save nothing), one async orbax save of the state as the trainer makes it: the seconds until it
@@ -138,18 +139,31 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
     micro = micro_batches(P * G, args.micro_rows)
     step_fn = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=cfg, tx=tx, objective=objective,
                                                         micro_batches=micro), donate_argnums=0)
-    times, counted = [], []
+    chunks = rollouts.chunk_count(P, args.score_overlap)
+    k_p = P // chunks
+    times, counted, overlaps = [], [], []
     for k in range(1 + args.steps):
         seen = compiles.Since()
-        t0 = time.perf_counter()
-        toks, lens = _prompts(tok, P, args.prompt_len)
-        toks, lens = pipeline.bucket_left_padded(toks, lens, sampling.PROMPT_BUCKET)
-        s = sampling.sample(state.params, cfg, jnp.asarray(toks), jnp.asarray(lens), jax.random.key(k),
-                            max_new_tokens=N, eos_id=-1, num_samples=G)
-        s, seqs = jax.device_get((s, sampling.sequences(s)))
-        t1 = time.perf_counter()
-        texts = [tok.decode(r[m > 0].tolist()) for r, m in zip(s.tokens, s.mask)]
-        rewards = np.asarray([(len(x) % 7) / 7 for x in texts], np.float32).reshape(P, G)
+
+        def generate(c):  # as RolloutSource.sample: chunk c's prompts, dispatched (JAX returns at once)
+            toks, lens = _prompts(tok, P, args.prompt_len)
+            toks, lens = pipeline.bucket_left_padded(toks[c * k_p:(c + 1) * k_p], lens[c * k_p:(c + 1) * k_p],
+                                                     sampling.PROMPT_BUCKET)
+            s = sampling.sample(state.params, cfg, jnp.asarray(toks), jnp.asarray(lens),
+                                jax.random.fold_in(jax.random.key(k), c), max_new_tokens=N, eos_id=-1,
+                                num_samples=G)
+            s = rollouts.widen_prompts(s, args.prompt_len, tok.pad_id)  # chunks' prompt buckets may differ
+            return s, sampling.sequences(s)
+
+        def score(c, host):
+            s, seqs = host
+            texts = [tok.decode(r[m > 0].tolist()) for r, m in zip(s.tokens, s.mask)]
+            return s, seqs, np.asarray([(len(x) % 7) / 7 for x in texts], np.float32).reshape(k_p, G)
+
+        parts, pt = rollouts.pipelined(chunks, generate, score)
+        s = jax.tree.map(lambda *x: np.concatenate(x), *[p[0] for p in parts])
+        seqs = tuple(np.concatenate(x) for x in zip(*[p[1] for p in parts]))
+        rewards = np.concatenate([p[2] for p in parts])
         t2 = time.perf_counter()
         groups = rollouts.to_groups(s, seqs, rewards, np.zeros(P, np.int32))
         batch = update.build_batch(groups, overlong="none", adv_eps=1e-6, target=P,
@@ -160,7 +174,8 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
         state, metrics = step_fn(state, batch | frozen)
         jax.block_until_ready(metrics)
         t4 = time.perf_counter()
-        times.append({"generate": t1 - t0, "score": t2 - t1, "frozen_roles": t3 - t2, "train": t4 - t3})
+        times.append({"generate": pt["generate_s"], "score": pt["score_s"], "frozen_roles": t3 - t2, "train": t4 - t3})
+        overlaps.append(pt["score_overlap_s"])
         counted.append(seen.take())
     # the checkpoint apart (the peer's steps save none): an async orbax save as the trainer does, the time until
     # it returns (arrays copied to host) and until the write has finished (it overlaps the next steps)
@@ -177,6 +192,7 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
             "warmup_compiles": counted[0]["compiles"], "warmup_compile_s": counted[0]["compile_s"],
             "timed_compiles": sum(c["compiles"] for c in timed_compiles),
             "phases_s": {k: statistics.median(t[k] for t in timed) for k in timed[0]},
+            "score_overlap_s": statistics.median(overlaps[1:]), "score_chunks": chunks,
             "checkpoint_s": {"returns": t1 - t0, "written": t2 - t0},
             "completion_tokens_per_step": P * G * N, "micro_batches": micro}
 
@@ -211,7 +227,8 @@ def side_command(side: str, args, out: str) -> list[str]:
     if side == "ours":
         return [sys.executable, os.path.abspath(__file__), "--side=ours", f"--steps={args.steps}",
                 f"--mopd_shapes={','.join(args.mopd_shapes)}",
-                f"--share_shapes={','.join(args.share_shapes)}", f"--what={','.join(args.what)}", *common]
+                f"--share_shapes={','.join(args.share_shapes)}", f"--what={','.join(args.what)}",
+                f"--score_overlap={args.score_overlap}", *common]
     return [args.peer_python, os.path.join(HERE, "peer_tunix.py"), f"--grpo_steps={args.steps}",
             f"--what={','.join(w for w in args.what if w in ('sampler', 'grpo'))}", *common]
 
@@ -244,7 +261,9 @@ def table(rounds: dict) -> str:
         for shape in o[0].get(kind, {}):
             a = median_of(o, kind, shape, "step_s")
             b = median_of(p, kind, shape, "step_s") if kind == "grpo" else None
-            ph = " / ".join(f"{median_of(o, kind, shape, 'phases_s', k):.2f}" for k in o[0][kind][shape]["phases_s"])
+            ph = " / ".join(f"{median_of(o, kind, shape, 'phases_s', k):.2f}" + (
+                f" ({median_of(o, kind, shape, 'score_overlap_s'):.2f} beside generation)" if k == "score" else "")
+                for k in o[0][kind][shape]["phases_s"])
             ph += "; " + " / ".join(f"{median_of(o, kind, shape, 'checkpoint_s', k):.2f}"
                                     for k in ("returns", "written"))
             lines.append(f"| {kind} {shape} | {fmt(a, '{:.2f}')} | {fmt(b, '{:.2f}')} | "
@@ -278,6 +297,8 @@ def main():
     ap.add_argument("--grpo_shapes", default="2x4x96,8x8x128")
     ap.add_argument("--mopd_shapes", default="2x4x96", help="our MOPD step (the peer has none), PxGxN")
     ap.add_argument("--steps", type=int, default=2, help="timed RL steps after one warm-up step")
+    ap.add_argument("--score_overlap", type=int, default=2, help="our steps generate in this many chunks of prompts "
+                    "and score one while the next generates (the on-policy stages' default)")
     ap.add_argument("--micro_rows", type=int, default=16, help="train in micro-batches of at most this many rows "
                     "(both sides: our micro_batches, the peer's train_micro_batch_size in prompts)")
     ap.add_argument("--quick", action="store_true", help="small shapes, one round: a check that it runs")
