@@ -297,8 +297,8 @@ def main():
     ap.add_argument("--grpo_shapes", default="2x4x96,8x8x128")
     ap.add_argument("--mopd_shapes", default="2x4x96", help="our MOPD step (the peer has none), PxGxN")
     ap.add_argument("--steps", type=int, default=2, help="timed RL steps after one warm-up step")
-    ap.add_argument("--score_overlap", type=int, default=2, help="our steps generate in this many chunks of prompts "
-                    "and score one while the next generates (the on-policy stages' default)")
+    ap.add_argument("--score_overlap", type=int, default=1, help="our steps generate in this many chunks of prompts "
+                    "and score one while the next generates (the on-policy stages' score_overlap; default 1 as theirs)")
     ap.add_argument("--micro_rows", type=int, default=16, help="train in micro-batches of at most this many rows "
                     "(both sides: our micro_batches, the peer's train_micro_batch_size in prompts)")
     ap.add_argument("--quick", action="store_true", help="small shapes, one round: a check that it runs")
