@@ -31,6 +31,17 @@ def render_prompt(user: str, thinking: bool = True, system: str | None = None) -
     return f"{head}{IM_START}user\n{user}{IM_END}\n{IM_START}assistant\n{think}"
 
 
+def jinja_template(thinking: bool = True) -> str:
+    """`render_prompt` as a Hugging Face chat template (Jinja), for an exported tokenizer: transformers'
+    `apply_chat_template(messages, add_generation_prompt=True)` then renders a [system,] user conversation
+    exactly as the run was prompted in training. Earlier turns are plain ChatML turns."""
+    turns = ("{%- for m in messages -%}"
+             "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}"
+             "{%- endfor -%}")
+    think = "<think>\\n" if thinking else "<think></think>\\n"  # Jinja reads the escape as a newline
+    return turns + "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n" + think + "' -}}{%- endif -%}"
+
+
 def render_completion(reasoning: str, answer: str, thinking: bool = True) -> str:
     """The assistant's target text after `render_prompt(..., thinking)` (SFT targets, teacher forcing).
 

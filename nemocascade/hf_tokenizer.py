@@ -111,6 +111,16 @@ class HFTokenizer:
         return cls(tok, eos_token=content("eos_token"), pad_token=content("pad_token"),
                    bos_token=content("bos_token"), chat_template=template)
 
+    def save(self, path: str) -> None:
+        """Write `path/tokenizer.json` and `path/tokenizer_config.json` (special tokens, chat template): what
+        `from_dir` and transformers' `AutoTokenizer.from_pretrained` read, without needing transformers here."""
+        os.makedirs(path, exist_ok=True)
+        self._tok.save(os.path.join(path, "tokenizer.json"))
+        conf = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": self.eos_token, "pad_token": self.pad_token,
+                "bos_token": self.bos_token, "chat_template": self.chat_template, "clean_up_tokenization_spaces": False}
+        with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+            json.dump({k: v for k, v in conf.items() if v is not None}, f, indent=2, ensure_ascii=False)
+
     # Picklable through the tokenizer's JSON, so grain worker processes can receive it.
     def __getstate__(self) -> dict:
         return {"json": self._tok.to_str(), "eos_token": self.eos_token, "pad_token": self.pad_token,
