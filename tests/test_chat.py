@@ -5,8 +5,11 @@ import random
 
 import pytest
 
-from nemocascade.chat import (IM_END, IM_START, THINK_CLOSE, THINK_OPEN, render_completion,
+from tokenizers import Tokenizer, models
+
+from nemocascade.chat import (IM_END, IM_START, THINK_CLOSE, THINK_OPEN, jinja_template, render_completion,
                               render_prompt, split_think, strip_think)
+from nemocascade.hf_tokenizer import HFTokenizer
 from nemocascade.tokenizer import train_tokenizer
 
 
@@ -104,3 +107,15 @@ def test_template_tokenizes_with_single_id_specials(tok, thinking):
     assert tok.encode(prompt + completion) == ids + tok.encode(completion)
     assert tok.encode(completion)[-1] == tok.eos_id
     assert tok.decode(tok.encode(prompt + completion)) == prompt + completion
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_jinja_template_renders_render_prompt(thinking):
+    """The exported tokenizer's chat template (experiments/export.py), rendered as transformers renders one."""
+    tok = HFTokenizer(Tokenizer(models.BPE(vocab={IM_END: 0}, merges=[])), eos_token=IM_END,
+                      chat_template=jinja_template(thinking))
+    for system in (None, "Be brief.\nReally."):
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": "a\nb"}]
+        assert tok.apply_chat_template(messages) == render_prompt("a\nb", thinking=thinking, system=system)
+        assert tok.apply_chat_template(messages, add_generation_prompt=False) == render_prompt(
+            "a\nb", thinking=thinking, system=system).rsplit(IM_START, 1)[0]
