@@ -57,3 +57,14 @@ def test_gsm_symbolic_keeps_its_own_solution():
 def test_rejects_unsupported_datasets():
     with pytest.raises(ValueError, match="number_sorting"):
         rgm.generate(np.random.default_rng(0), 1, datasets=["number_sorting"])
+
+
+def test_families_are_domains_with_their_own_name_and_the_boxed_verifier():
+    for name, (datasets, _) in rgm.FAMILIES.items():
+        records = generate_split(name, "val", 6, seed=0)
+        assert {r["domain"] for r in records} == {name}
+        assert {r["id"].split("/")[3] for r in records} <= set(datasets)
+        assert REWARDS[name] is math_reward.score
+        assert REWARDS[name]("The answer is \\boxed{" + records[0]["answer"] + "}.", records[0]["answer"]) == 1.0
+    with pytest.raises(ValueError, match="not a reasoning-gym family"):
+        rgm.generate(np.random.default_rng(0), 1, domain="rg_nope")

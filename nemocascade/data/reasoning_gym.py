@@ -16,6 +16,8 @@ never land in both splits.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
@@ -26,7 +28,15 @@ DEFAULT_DATASETS = ("gsm_symbolic", "basic_arithmetic", "chain_sum")
 # response under rewards.math.score (tests/test_reasoning_gym.py). Others (sorting, factor lists, ...)
 # need their own verifier.
 SUPPORTED = DEFAULT_DATASETS + ("leg_counting", "simple_equations", "gcd", "lcm", "products",
-                                "fraction_simplification")
+                                "fraction_simplification", "letter_counting", "count_bits")
+# Domains (registry name -> default datasets, description): each is its own domain for the stage order, the
+# rewards (all graded by the boxed-answer verifier: rewards/__init__.py) and the per-domain held-out tables.
+FAMILIES = {
+    DOMAIN: (DEFAULT_DATASETS, "reasoning-gym procedural math (GSM-symbolic, arithmetic, chain sums), boxed answers"),
+    "rg_arith": (("chain_sum", "products"), "reasoning-gym sums and products, boxed answers"),
+    "rg_count": (("letter_counting", "leg_counting", "count_bits"), "reasoning-gym counting (letters in words, "
+                 "animals' legs, 1 bits), boxed answers"),
+}
 _CHUNK = 256  # items per created dataset; a fresh seed is drawn when one runs out
 
 
@@ -39,12 +49,13 @@ def _solution(item: dict) -> str:
 
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
              datasets: list[str] | tuple[str, ...] | dict[str, float] | None = None,
-             configs: dict[str, dict] | None = None, test_every: int = 10, instruction: str = "") -> list[dict]:
+             configs: dict[str, dict] | None = None, test_every: int = 10, instruction: str = "",
+             domain: str = DOMAIN) -> list[dict]:
     """``n`` records drawn from reasoning-gym datasets (domains.py record contract), deterministic given ``rng``.
 
     Args:
-        datasets: names (equal weights) or name -> weight (default :data:`DEFAULT_DATASETS`); each must
-            be in :data:`SUPPORTED`.
+        datasets: names (equal weights) or name -> weight (default: the ``domain``'s family in
+            :data:`FAMILIES`); each must be in :data:`SUPPORTED`.
         configs: optional name -> extra keyword arguments for ``reasoning_gym.create_dataset``
             (e.g. ``{"chain_sum": {"max_terms": 3}}``).
         instruction: appended to every question (e.g. how to format the answer, for a pretrained model that
@@ -52,7 +63,9 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
     """
     import reasoning_gym  # imported here: a heavy optional dependency, only needed to build rg_math data
 
-    weights = dict.fromkeys(DEFAULT_DATASETS if datasets is None else datasets, 1.0)
+    if domain not in FAMILIES:
+        raise ValueError(f"domain {domain!r} is not a reasoning-gym family; known: {sorted(FAMILIES)}")
+    weights = dict.fromkeys(FAMILIES[domain][0] if datasets is None else datasets, 1.0)
     if isinstance(datasets, dict):
         weights = dict(datasets)
     unknown = sorted(set(weights) - set(SUPPORTED))
@@ -85,16 +98,16 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         if split is not None and split_of(question, test_every) != split:
             continue
         records.append({
-            "domain": DOMAIN,
+            "domain": domain,
             "prompt": f"{question} {instruction}" if instruction else question,
             "reasoning": _solution(item),
             "response": f"The answer is \\boxed{{{answer.strip('$')}}}.",
             "answer": answer,
-            "id": f"{DOMAIN}/{split or 'all'}/{len(records)}/{name}/{seed}:{index}",
+            "id": f"{domain}/{split or 'all'}/{len(records)}/{name}/{seed}:{index}",
         })
     return records
 
 
-register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="1",
-    description="reasoning-gym procedural math (GSM-symbolic, arithmetic, chain sums), boxed answers"))
+for _name, (_datasets, _description) in FAMILIES.items():
+    register_domain(DomainSpec(name=_name, generate=functools.partial(generate, domain=_name), version="1",
+                               description=_description))

@@ -17,7 +17,8 @@ REWARDS: dict[str, Callable[[str, str], float]] = {
     "math": math.score,
     "code": code.score,
     "if": instruct.score,
-    "rg_math": math.score,  # reasoning-gym answers are numbers / fractions: the boxed-answer verifier
+    # reasoning-gym families (data/reasoning_gym.py FAMILIES): numbers / fractions, the boxed-answer verifier
+    "rg_math": math.score, "rg_arith": math.score, "rg_count": math.score,
     "mcq": mcq.score, "json": structured.score, "tool": tool.score, "longctx": math.score,  # longctx: boxed number
     "swe": swe.agentless_score, "swe_exec": swe.execution_score,
     # pref: evaluation only, a rule-based proxy judge; RLHF trains on the learned RM (rewards/rm_scorer.py)
