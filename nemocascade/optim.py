@@ -98,14 +98,19 @@ def clip_by_global_norm_logged(max_norm: float) -> optax.GradientTransformation:
     return optax.GradientTransformation(init, update)
 
 
+def path_name(path) -> str:
+    """A parameter's name as `freeze` and `lora.targets` match it: its pytree key path joined by '/'
+    ("layers/wq", "embed")."""
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
 def frozen_mask(patterns):
     """params -> bool pytree: True where the '/'-joined key path matches one of `patterns` (re.fullmatch)."""
     compiled = [re.compile(p) for p in patterns]
 
     def mask(params):
         def frozen(path, _):
-            name = "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
-            return any(p.fullmatch(name) for p in compiled)
+            return any(p.fullmatch(path_name(path)) for p in compiled)
         return jax.tree_util.tree_map_with_path(frozen, params)
     return mask
 
