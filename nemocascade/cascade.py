@@ -24,7 +24,7 @@ import time
 
 import jax
 
-from nemocascade import chat, checkpoint, evaluation, files, interrupts, named_checkpoints, plots, stats
+from nemocascade import chat, checkpoint, evaluation, files, interrupts, lora, named_checkpoints, plots, stats
 from nemocascade import workdir as workdir_lib
 from nemocascade.configs import stage_order
 from nemocascade.data import tfds_builder
@@ -105,6 +105,10 @@ def _validate_stage(cfg, name, stage, earlier, batch_axis) -> None:
         common.optimizer(stage)
     except (ValueError, TypeError) as err:
         problems.append(f"optim: {err}")
+    problems += lora.problems(stage.lora)
+    if stage.lora.rank and stage.optimizer_policy == "keep":
+        problems.append(f"lora.rank={stage.lora.rank}: a LoRA stage trains fresh adapters, so there are no Adam "
+                        "moments to keep (optimizer_policy='keep'); use 'reset'")
     for key in ("batch_size", "prompts_per_step"):
         if key in stage and stage[key] >= 1:
             rows = stage[key] * (stage.group_size if key == "prompts_per_step" else 1)

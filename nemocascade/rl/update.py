@@ -138,14 +138,15 @@ def _teacher_pass(model_cfg, full: bool, topk: int, params, batch, rows, acc):
 
 
 def policy_update(state, batch, *, model_cfg, tx, objective, micro_batches: int = 1, domains=(),
-                  split_terms: bool = False):
+                  split_terms: bool = False, merged=lambda p: p):
     """One optimiser update on `objective` (objectives.Objective).
 
     batch: tokens/valid/positions [N, L]; mask, sampler_logp [N, L-1]; advantages, domain_idx [N]; has_data
     (0: a no-op update, only the step counter moves); plus what FrozenRoles added. `domains`: (run-domain
     index, name) pairs to log reverse KL per domain. `micro_batches` split the rows; every reduction uses the
     whole batch's normaliser, so their summed gradient is the full batch's. `split_terms`: hand the optax
-    chain one gradient per term (optim.sum_term_grads logs their norms; one backward pass per term)."""
+    chain one gradient per term (optim.sum_term_grads logs their norms; one backward pass per term). `merged`:
+    state.params -> the params the model applies (LoRA's merge, stages/common.py over_adapters)."""
     batch = dict(batch)
     keep = batch.pop("has_data") > 0
     mask = batch["mask"]
@@ -157,7 +158,7 @@ def policy_update(state, batch, *, model_cfg, tx, objective, micro_batches: int 
     weights = objective.weights(state.step)
 
     def weighted_terms(params, b):
-        x = {**b, **token_outputs(params, model_cfg, b, full_logits=objective.reads_logits)}
+        x = {**b, **token_outputs(merged(params), model_cfg, b, full_logits=objective.reads_logits)}
         values, metrics = objective.term_losses(x, normalizer, n_tok)
         metrics |= {f"term/{k}": v for k, v in values.items()} | _diagnostics(x, n_tok, domains, domain_tokens)
         return {k: weights[k] * v for k, v in values.items()}, metrics

@@ -7,6 +7,7 @@ drives `Trainer.steps()`; everything about *where* state lives and how it surviv
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -18,7 +19,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from nemocascade import checkpoint, compiles, evaluation, interrupts, optim, train_state
+from nemocascade import checkpoint, compiles, evaluation, interrupts, lora, optim, train_state
 from nemocascade.data import domains, pipeline
 from nemocascade.configs import stage_order
 from nemocascade.errors import Diverged, RunStop
@@ -40,6 +41,9 @@ COMMON_DEFAULTS = dict(
     # a step whose loss, gradient norm or new params are not finite is skipped (params and optimiser state
     # unchanged, `skipped_nonfinite` = 1 in its metrics row); this many in a row stop the run (errors.Diverged)
     max_nonfinite_steps=3,
+    # LoRA (nemocascade/lora.py): rank > 0 trains low-rank adapters on the `targets` matrices, the start params
+    # frozen; the stage hands on (and saves as final) the merged params. 0: every param trains
+    lora=dict(lora.DEFAULTS),
 )
 OPTIMIZER_POLICIES = ("reset", "keep")
 
@@ -100,16 +104,17 @@ class RunContext:
 
 
 def stage_config(kind: str, kind_defaults: dict, **overrides) -> ml_collections.ConfigDict:
-    """A stage's ConfigDict: common keys + the kind's defaults + `optim`, then `overrides`.
-    Unknown keys are an error naming them (ConfigDict is locked)."""
+    """A stage's ConfigDict: common keys + the kind's defaults + `optim`, then `overrides` (`optim` and `lora`
+    update their dicts). Unknown keys are an error naming them (ConfigDict is locked); unknown keys inside `optim`
+    and `lora` are reported by validation, naming the stage."""
     cfg = ml_collections.ConfigDict({**COMMON_DEFAULTS, **kind_defaults, "kind": kind,
                                      "optim": dict(optim.DEFAULTS)})
     cfg.domains = list(cfg.domains)
     for key, value in overrides.items():
         if key not in cfg:
             raise KeyError(f"stage of kind {kind!r} has no key {key!r}; keys: {sorted(cfg.keys())}")
-        if key == "optim":
-            cfg.optim.update(value)
+        if key in ("optim", "lora"):
+            cfg[key].update(value)
         else:
             cfg[key] = value
     cfg.lock()
@@ -212,8 +217,22 @@ def _skip_nonfinite(step_fn):
     return guarded
 
 
+def over_adapters(step_fn: Callable, alpha: float, rank: int) -> Callable:
+    """LoRA: a step over full params as a step over adapters. `step_fn(state, batch, *args, merged=f)` applies the
+    model to `f(state.params)`; here state.params are the adapters and `f` merges them into the frozen `base`
+    (lora.merge), so the loss sees the merged model while the gradient, the optax chain and the update see only
+    the adapters. The returned step is `(state, batch, base, *args)`: the base is an argument, never donated."""
+    def step(state, batch, base, *args):
+        return step_fn(state, batch, *args, merged=lambda adapters: lora.merge(base, adapters, alpha, rank))
+    return step
+
+
 class Trainer:
     """One stage's training state on the mesh, its jitted step, checkpoints and metrics.
+
+    With `stage.lora.rank` > 0 the state holds LoRA adapters (replicated) and their optimiser state, not the
+    params: those stay frozen, every step receives them (`over_adapters`), checkpoints store only the adapters (a
+    resume is handed the same start params by the driver), and `params` / `finish()` give the merged params.
 
     Use as a context manager around the step loop. SIGINT/SIGTERM (`nemocascade.interrupts`) stop the loop at
     the next step boundary, after that step's metrics row and a checkpoint are written; leaving it with any other
@@ -224,12 +243,16 @@ class Trainer:
     def __init__(self, ctx: RunContext, name: str, stage, params, tx, step_fn: Callable, data_iter=None,
                  extra_state_fns: tuple[Callable, Callable] | None = None, param_shardings=None):
         """`param_shardings`: shardings of `params` when they are not the policy's (e.g. a reward model);
-        default `ctx.param_shardings`."""
+        default `ctx.param_shardings`. `step_fn(state, batch, *args, merged=...)`: see `over_adapters`; its
+        `merged` is only passed with LoRA."""
         self.ctx, self.name, self.stage, self.data_iter = ctx, name, stage, data_iter
         mesh = ctx.mesh
         rng = jax.random.fold_in(jax.random.key(ctx.cfg.seed), stage_index(ctx, name))
-        state_shape = jax.eval_shape(lambda p: train_state.create(p, tx, rng), params)
         shardings = ctx.param_shardings if param_shardings is None else param_shardings
+        self._frozen, self._merge = (), None  # LoRA: (the base,) that every step receives; the jitted merge
+        if stage.lora.rank:
+            params, shardings, step_fn = self._use_lora(params, shardings, step_fn, jax.random.split(rng)[1])
+        state_shape = jax.eval_shape(lambda p: train_state.create(p, tx, rng), params)
         self.state_shardings = train_state.shardings(state_shape, shardings, mesh)
         self.ckpt = checkpoint.StageCheckpointer(os.path.join(ctx.workdir, "checkpoints", name),
                                                  save_interval_steps=max(int(stage.checkpoint_every), 1))
@@ -257,6 +280,19 @@ class Trainer:
         self._nonfinite_run = 0  # consecutive skipped steps
         self._diverged = ""  # why the run must stop after the current step, once too many were skipped
         self._compiles = compiles.Since()  # XLA compilations per logged step (metrics: compiles, compile_s)
+
+    def _use_lora(self, params, shardings, step_fn, rng):
+        """LoRA: keep `params` as the frozen base; -> (fresh adapters, their shardings (replicated), the step over
+        adapters)."""
+        lo, mesh = self.stage.lora, self.ctx.mesh
+        try:
+            adapters = jax.jit(lambda r: lora.init(r, params, self.ctx.model_cfg, lo.rank, lo.targets),
+                               out_shardings=replicated(mesh))(rng)
+        except ValueError as err:  # targets that name no matrix of this model
+            raise ValueError(f"config.stages.{self.name}.{err}") from None
+        self._frozen = (params,)
+        self._merge = jax.jit(functools.partial(lora.merge, alpha=lo.alpha, rank=lo.rank), out_shardings=shardings)
+        return adapters, jax.tree.map(lambda _: replicated(mesh), adapters), over_adapters(step_fn, lo.alpha, lo.rank)
 
     def _carried_opt_state(self, state_shape):
         """optimizer_policy="keep": the optimiser state the start stage ended with (Adam moments and count),
@@ -299,7 +335,7 @@ class Trainer:
         """One jitted step; returns the step's metrics on the host. The data state snapshot advances
         together with the model state so a checkpoint never pairs mismatched ones."""
         snapshot = self._snapshot()
-        self.state, metrics = self._step(self.state, batch, *args)
+        self.state, metrics = self._step(self.state, batch, *self._frozen, *args)
         self._data_state = snapshot
         metrics = {k: float(v) for k, v in to_host(metrics).items()}
         if not metrics["skipped_nonfinite"]:
@@ -325,11 +361,18 @@ class Trainer:
             self._bar.set_postfix({k: f"{v:.4g}" for k, v in metrics.items() if k in ("loss", "reward", "kl")},
                                   refresh=False)
 
+    @property
+    def params(self):
+        """The params the model applies now (sampling, evaluation): the state's, or with LoRA the base merged with
+        the current adapters."""
+        return self.state.params if self._merge is None else self._merge(self._frozen[0], self.state.params)
+
     def finish(self):
+        """Save the last step (if not saved yet) and return the params the next stage starts from (`params`)."""
         if self.ckpt.latest_step() != int(self.state.step):
             self.ckpt.save(int(self.state.step), self.state, self._data_state, force=True)
         self.ckpt.close()
-        return self.state.params
+        return self.params
 
     def _snapshot(self) -> dict:
         return {"iterator": self.data_iter.get_state() if self.data_iter is not None else None,

@@ -153,7 +153,7 @@ def run(ctx: common.RunContext, name: str, stage, params):
         for step in trainer.steps():
             max_new = max_new_tokens_at(stage, step)
             rng = jax.random.fold_in(jax.random.wrap_key_data(trainer.state.rng), step)
-            groups, first, fstats, timing = sample_groups(rollouts, trainer.state.params, stage, max_new, rng, score)
+            groups, first, fstats, timing = sample_groups(rollouts, trainer.params, stage, max_new, rng, score)
             batch = update.build_batch(groups, overlong=stage.overlong, adv_eps=stage.adv_eps, target=B,
                                        with_advantages=trains_on_rewards)
             t0 = time.perf_counter()
@@ -165,7 +165,7 @@ def run(ctx: common.RunContext, name: str, stage, params):
             metrics |= {"lr": float(schedule(step)), "max_new_tokens": max_new, "kept_groups": fstats["kept"],
                         "refill_rounds": fstats["rounds"]}
             if stage.eval_every and (step + 1) % stage.eval_every == 0:
-                metrics |= common.quick_eval(ctx, trainer.state.params, stage)
+                metrics |= common.quick_eval(ctx, trainer.params, stage)
             trainer.log(step, metrics)
         return trainer.finish()
 

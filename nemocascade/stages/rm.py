@@ -39,8 +39,10 @@ DEFAULTS = dict(domains=("pref",), seq_len=96, batch_size=32, margin=0.0, head_s
 
 def check(stage, earlier: dict) -> list[str]:
     """What is wrong with a reward-model stage's settings; run at validation."""
-    return [f"{k}={stage[k]} must be >= {lo}" for k, lo in (("batch_size", 1), ("seq_len", 8), ("eval_pairs", 0))
-            if stage[k] < lo]
+    bad = [f"{k}={stage[k]} must be >= {lo}" for k, lo in (("batch_size", 1), ("seq_len", 8), ("eval_pairs", 0))
+           if stage[k] < lo]
+    return bad + ([f"lora.rank={stage.lora.rank}: an RM stage trains a new scalar head, which LoRA would keep "
+                   "frozen; use rank 0"] if stage.lora.rank else [])
 
 
 def rm_path(workdir: str, name: str) -> str:

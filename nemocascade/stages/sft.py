@@ -55,13 +55,14 @@ def check_room(source, tokenizer, seq_len: int, thinking: bool, sample: int = 64
     return None
 
 
-def sft_step(state: train_state.TrainState, batch, *, model_cfg, tx):
+def sft_step(state: train_state.TrainState, batch, *, model_cfg, tx, merged=lambda p: p):
+    """`merged`: state.params -> the params the model applies (LoRA's merge, common.over_adapters)."""
     def loss_fn(params):
         tokens = batch["tokens"]
         packed = {}
         if "segment_ids" in batch:
             packed = dict(positions=batch["positions"][:, :-1], segment_ids=batch["segment_ids"][:, :-1])
-        logits = forward(params, model_cfg, tokens[:, :-1], **packed)
+        logits = forward(merged(params), model_cfg, tokens[:, :-1], **packed)
         return losses.token_cross_entropy(logits, tokens[:, 1:], batch["loss_mask"][:, 1:])
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
@@ -92,7 +93,7 @@ def run(run_ctx: common.RunContext, name: str, stage, params):
                 metrics["pack_fill"] = float((batch["segment_ids"] > 0).mean())
                 metrics["examples"] = int(batch["segment_ids"].max(axis=1).sum())
             if stage.eval_every and (step + 1) % stage.eval_every == 0:
-                metrics |= common.quick_eval(run_ctx, trainer.state.params, stage)
+                metrics |= common.quick_eval(run_ctx, trainer.params, stage)
             trainer.log(step, metrics)
         return trainer.finish()
 
