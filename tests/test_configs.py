@@ -38,7 +38,7 @@ PAPER = {
 }
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "cascade_math_smollm2"])  # the real-model issue's
+@pytest.mark.parametrize("name", NAMES)
 def test_default_variants_follow_the_paper(name):
     cfg = configs.load(name)
     for stage_name in configs.stage_order(cfg):

@@ -1,4 +1,4 @@
-"""experiments/export.py: a `cascade_math_smollm2:tiny` run's final policy, exported to Hugging Face safetensors
+"""experiments/export.py: a `smollm2_cascade:tiny` run's final policy, exported to Hugging Face safetensors
 with its tokenizer, loads in transformers (torch, float32) and there gives the greedy tokens our sampler gives on
 held-out prompts, and logits within 1e-3 of ours. The run is cut to one GRPO step (the export reads whatever
 stage is last) so the module stays near a minute on two CPU cores."""
@@ -33,7 +33,8 @@ pytestmark = [
     pytest.mark.skipif(bool(MISSING), reason=f"{MISSING} not installed (pip install -e '.[test]')"),
 ]
 MAX_NEW = 32
-RUN_ARGS = ["--config=cascade_math_smollm2:tiny", "--config.stage_order=grpo", "--config.stages.grpo.steps=1",
+RUN_ARGS = ["--config=smollm2_cascade:tiny", "--config.stage_order=grpo_arith",
+            "--config.stages.grpo_arith.steps=1",
             "--config.eval_init=False", "--config.eval.val_n=4"]
 
 
@@ -58,7 +59,7 @@ def run(tmp_path_factory):
                          ("export.py", [f"--workdir={workdir}", "--stage=final", f"--out={out}"])):
         proc = _cli(script, *args)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    assert "exported stage 'grpo'" in proc.stdout
+    assert "exported stage 'grpo_arith'" in proc.stdout
     return workdir, out
 
 
@@ -67,7 +68,7 @@ def ours(run):
     """The run's policy as our sampler sees it: SmolLM2's config cut to the run's 2 layers, its tokenizer, and the
     params the stage saved."""
     cfg = dataclasses.replace(gguf_lib.config_from_gguf(gguf.GGUFReader(SMOLLM2)), n_layers=2)
-    return cfg, gguf_lib.load_gguf_tokenizer(SMOLLM2), final_params(run[0], "grpo")
+    return cfg, gguf_lib.load_gguf_tokenizer(SMOLLM2), final_params(run[0], "grpo_arith")
 
 
 def test_export_writes_the_stage_params_and_the_training_chat_template(run, ours):
@@ -79,7 +80,7 @@ def test_export_writes_the_stage_params_and_the_training_chat_template(run, ours
         np.testing.assert_array_equal(tensors[name], x, err_msg=name)
     again = HFTokenizer.from_dir(run[1])  # tokenizer.json + tokenizer_config.json, as transformers reads them
     assert (again.eos_id, again.pad_id, again.vocab_size) == (tok.eos_id, tok.pad_id, tok.vocab_size)
-    for system in (None, "Be brief."):  # the run is non-thinking (cascade_math_smollm2: thinking=False)
+    for system in (None, "Be brief."):  # the run is non-thinking (smollm2_cascade: thinking=False)
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": "7*6?"}]
         assert again.apply_chat_template(messages) == chat.render_prompt("7*6?", thinking=False, system=system)
     assert json.load(open(os.path.join(run[1], "generation_config.json"))) == {"eos_token_id": tok.eos_id,
@@ -95,8 +96,8 @@ def test_transformers_generates_our_greedy_tokens(run, ours):
     hf_tok = transformers.AutoTokenizer.from_pretrained(run[1])
     assert model.generation_config.eos_token_id == tok.eos_id  # generate() stops where our sampler stops
     run_cfg = json.load(open(os.path.join(run[0], "config.json")))
-    opts = run_cfg["data"]["domains"]["rg_math"]["opts"]
-    prompts = [r["prompt"] for r in domains.generate_split("rg_math", "test", 4, run_cfg["seed"], **opts)]
+    opts = run_cfg["data"]["domains"]["rg_arith"]["opts"]
+    prompts = [r["prompt"] for r in domains.generate_split("rg_arith", "test", 4, run_cfg["seed"], **opts)]
 
     toks, lens = pipeline.encode_prompts(tok, prompts, 160, thinking=False, bucket=sampling.PROMPT_BUCKET)
     out = sampling.sample(params, cfg, toks, lens, jax.random.key(0), max_new_tokens=MAX_NEW, eos_id=tok.eos_id,
@@ -126,9 +127,9 @@ def test_bad_stage_or_workdir_is_named(run, tmp_path):
     export = _export_module()
     with pytest.raises(BadInput) as err:
         export.export(run[0], "mopd", str(tmp_path / "x"))
-    assert str(err.value) == (f"--stage=mopd: no checkpoint named 'stage:mopd'; known so far: ['stage:grpo', "
-                              f"'best:rg_math'] (in {run[0]}/checkpoints/registry.json)")
+    assert str(err.value) == (f"--stage=mopd: no checkpoint named 'stage:mopd'; known so far: ['stage:grpo_arith', "
+                              f"'best:rg_arith', 'best:rg_count'] (in {run[0]}/checkpoints/registry.json)")
     with pytest.raises(BadInput, match=f"{tmp_path}/nowhere/config.json: no such file"):
         export.export(str(tmp_path / "nowhere"), "final", str(tmp_path / "x"))
-    assert export.resolve_stage(run[0], "best:rg_math") == "grpo"
+    assert export.resolve_stage(run[0], "best:rg_arith") == "grpo_arith"
     assert not os.path.exists(tmp_path / "x")

@@ -181,7 +181,7 @@ def _math_cfg():
     ({"pretrained.path": "/nonexistent/model.gguf"}, r"config\.pretrained\.path='/nonexistent/model\.gguf' does not"),
 ])
 def test_validate_names_the_bad_key(override, message):
-    cfg = configs.load("cascade_math_smollm2:tiny") if "pretrained.path" in override else _math_cfg()
+    cfg = configs.load("smollm2_cascade:tiny") if "pretrained.path" in override else _math_cfg()
     for key, value in override.items():
         node, *path = cfg, *key.split(".")
         for p in path[:-1]:

