@@ -19,6 +19,7 @@ import difflib
 import functools
 import json
 import os
+import re
 import shutil
 import time
 
@@ -36,7 +37,7 @@ from nemocascade.run_log import RunLog, load_metrics
 from nemocascade.stages import common, kinds
 from nemocascade.tokenizer import load_or_train
 
-CURVE_KEYS = ("loss", "reward", "eval/math/pass@1")
+CURVE_KEYS = ("loss", "reward", "response_len")  # and every quick-eval key (eval/<domain>/pass@1) a stage logged
 VAL_N = 200  # validation items per domain after each stage, unless config.eval.val_n says otherwise (0: all)
 
 
@@ -527,6 +528,7 @@ def _report(ctx, name, scores):
     metrics = os.path.join(ctx.workdir, "metrics.jsonl")
     rows = [r for r in open(metrics)] if os.path.exists(metrics) else []
     keys = [k for k in CURVE_KEYS if any(f'"{k}"' in r for r in rows)]
+    keys += sorted({k for r in rows for k in re.findall(r'"(eval/[^"]+/pass@1)"', r)})
     if keys:
         plots.plot_metric_curves(metrics, os.path.join(plot_dir, "curves.png"), keys, smooth=5)
     plots.plot_eval_by_stage(ctx.log.summary, os.path.join(plot_dir, "eval_by_stage.png"))
