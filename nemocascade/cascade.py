@@ -27,7 +27,7 @@ import jax
 
 from nemocascade import chat, checkpoint, evaluation, files, interrupts, lora, named_checkpoints, plots, stats
 from nemocascade import workdir as workdir_lib
-from nemocascade.configs import stage_order
+from nemocascade.configs import flatten, stage_order
 from nemocascade.data import tfds_builder
 from nemocascade.errors import BadInput
 from nemocascade.mesh import make_mesh
@@ -361,6 +361,13 @@ def _redo_from(ctx, first: str, changes) -> None:
     print(f"[redo] discarded {dropped}; kept {kept}", flush=True)
 
 
+def stage_defaults(cfg) -> dict:
+    """Flat `stages.<name>.<key>` -> the value a stage of its kind gets by default today: a resume of a workdir
+    recorded before a key existed (e.g. `lora`) accepts the key at that default."""
+    return {f"stages.{name}.{k}": v for name, stage in cfg.stages.items() if stage.get("kind") in kinds.KINDS
+            for k, v in flatten(common.stage_config(stage.kind, kinds.get(stage.kind).defaults).to_dict()).items()}
+
+
 def _locked(cfg, workdir, allow_changes, body):
     """`body(changes)` with `cfg` validated, the workdir locked (one run per workdir) and its recorded config
     checked against `cfg` (`changes`: the allowed ones, nemocascade/workdir.py)."""
@@ -369,7 +376,7 @@ def _locked(cfg, workdir, allow_changes, body):
     if jax.process_index() == 0:  # flock is per host: one holder per run
         lock.acquire()
     try:
-        return body(workdir_lib.check_config(workdir, cfg.to_dict(), allow_changes))
+        return body(workdir_lib.check_config(workdir, cfg.to_dict(), allow_changes, stage_defaults(cfg)))
     finally:
         lock.release()
 

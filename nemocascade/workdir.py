@@ -84,11 +84,14 @@ def _plain(obj):
                                  else str(o)))
 
 
-def config_changes(old: dict, new: dict) -> tuple[list[tuple[str, object, object]], tuple | None]:
+def config_changes(old: dict, new: dict, defaults: dict | None = None) -> tuple[list[tuple[str, object, object]],
+                                                                                tuple | None]:
     """(changed keys as (key, old, new) with `<absent>` for a missing side, growth). Growth is
     ("stage_order", old order, new order) when the order only grew or shrank at its end, else None; the keys of
-    the stages in only one of the two orders are then not changes."""
-    old, new = _plain(old), _plain(new)
+    the stages in only one of the two orders are then not changes. `defaults` (flat key -> value): a key the
+    recorded config lacks is no change when its new value is that default (a key the code added since, at the
+    value that keeps the old behaviour)."""
+    old, new, defaults = _plain(old), _plain(new), _plain(defaults or {})
     orders = [parse_stage_order(c.pop("stage_order", [])) for c in (old, new)]
     short, long_ = sorted(orders, key=len)
     grown = long_[len(short):] if long_[:len(short)] == short else []
@@ -98,7 +101,8 @@ def config_changes(old: dict, new: dict) -> tuple[list[tuple[str, object, object
         fo["stage_order"], fn["stage_order"] = orders
     missing = "<absent>"
     changes = [(k, fo.get(k, missing), fn.get(k, missing)) for k in sorted(set(fo) | set(fn))
-               if fo.get(k, missing) != fn.get(k, missing) and not k.startswith(exempt)]
+               if fo.get(k, missing) != fn.get(k, missing) and not k.startswith(exempt)
+               and not (k not in fo and k in defaults and fn.get(k, missing) == defaults[k])]
     return changes, (("stage_order", *orders) if grown else None)
 
 
@@ -108,9 +112,10 @@ def save_config(workdir: str, config: dict) -> None:
     atomic_write(os.path.join(workdir, CONFIG_FILE), json.dumps(_plain(config), indent=2, sort_keys=True) + "\n")
 
 
-def check_config(workdir: str, config: dict, allow=()) -> list[tuple[str, object, object]]:
+def check_config(workdir: str, config: dict, allow=(), defaults: dict | None = None) -> list[tuple[str, object, object]]:
     """On a resume, refuse any change of the recorded config that is not allowed (module docstring); writes
-    nothing. Returns the accepted changes (allowed keys, a grown stage list) to record in the run log."""
+    nothing. Returns the accepted changes (allowed keys, a grown stage list) to record in the run log. `defaults`:
+    see `config_changes`."""
     path = os.path.join(workdir, CONFIG_FILE)
     if not os.path.exists(path):
         return []
@@ -120,7 +125,7 @@ def check_config(workdir: str, config: dict, allow=()) -> list[tuple[str, object
     except (OSError, ValueError) as err:
         raise BadInput(f"{path} is unreadable ({err}); it records the config this workdir was started with. "
                        "Restore it, or use a new --workdir") from None
-    changes, growth = config_changes(recorded, config)
+    changes, growth = config_changes(recorded, config, defaults)
     refused = [c for c in changes if not any(fnmatch.fnmatchcase(c[0], p) for p in allow)]
     if refused:
         lines = "\n".join(f"  {k}: {o!r} -> {n!r}" for k, o, n in refused)

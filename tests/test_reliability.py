@@ -158,6 +158,24 @@ def _math_cfg():
     return configs.load("cascade_math:tiny")
 
 
+def test_resume_accepts_a_key_added_since_at_its_default(tmp_path):
+    """A workdir recorded before `lora` existed resumes when the key is at its default; a changed value is refused."""
+    cfg = _math_cfg()
+    recorded = cfg.to_dict()
+    for stage in recorded["stages"].values():
+        del stage["lora"]
+    workdir.save_config(str(tmp_path), recorded)
+    defaults = cascade.stage_defaults(cfg)
+    assert defaults["stages.grpo.lora.rank"] == 0 and defaults["stages.sft.optim.b1"] == 0.9
+    assert workdir.check_config(str(tmp_path), cfg.to_dict(), defaults=defaults) == []
+    with pytest.raises(errors.BadInput, match="stages.sft.lora.rank"):  # the old refusal without the defaults
+        workdir.check_config(str(tmp_path), cfg.to_dict())
+    cfg.stages.grpo.lora.rank = 8
+    with pytest.raises(errors.BadInput, match=r"stages\.grpo\.lora\.rank: '<absent>' -> 8") as err:
+        workdir.check_config(str(tmp_path), cfg.to_dict(), defaults=defaults)
+    assert "stages.sft.lora" not in str(err.value)
+
+
 @pytest.mark.parametrize("override, message", [
     ({"stages.grpo.group_size": 1}, r"config\.stages\.grpo\.group_size=1: the group baseline needs >= 2"),
     ({"stages.sft.seq_len": 2}, r"config\.stages\.sft\.seq_len=2 leaves no room for a response"),
