@@ -240,7 +240,7 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
         records = ctx.eval_records(domain, split, n or None)  # distinct items only
         out[domain] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,
                                           rng=jax.random.key(i), **common.eval_settings(ctx, domain),
-                                          **(sampled if domain in sampled_domains else {}))
+                                          **(sampled if domain in sampled_domains else {}), desc=f"eval {split} {domain}")
     for name, sc in ctx.cfg.eval.get("sets", {}).items() if split == "test" else ():
         settings = common.eval_settings(ctx) | {k: sc[k] for k in ("max_prompt_len", "max_new_tokens") if k in sc}
         if name not in ctx.eval_sets:

@@ -12,15 +12,17 @@ from nemocascade import mesh as mesh_lib
 from nemocascade.data import pipeline
 from nemocascade.rewards import get_reward
 from nemocascade.rewards.pool import OUTCOMES
+from nemocascade.run_log import progress
 
 
 def generate(params, model_cfg, tokenizer, records, *, batch_size, max_prompt_len, max_new_tokens,
-             rng, thinking=True, greedy=True, temperature=1.0, top_p=1.0, num_samples=1, mesh=None):
+             rng, thinking=True, greedy=True, temperature=1.0, top_p=1.0, num_samples=1, mesh=None, desc=None):
     """Completions (decoded text, think-prefix included in thinking mode) for `records`, in order,
     `num_samples` per record (adjacent), and their lengths in generated tokens. Batches are padded to
-    `batch_size` so one compiled sampler serves every batch."""
+    `batch_size` so one compiled sampler serves every batch. `desc`: show a progress bar over the batches."""
     texts, lengths = [], []
-    for start in range(0, len(records), batch_size):
+    starts = range(0, len(records), batch_size)
+    for start in progress(starts, desc=desc) if desc else starts:
         chunk = records[start:start + batch_size]
         prompts = [r["prompt"] for r in chunk]
         prompts += [prompts[-1]] * (batch_size - len(chunk))
@@ -65,7 +67,7 @@ def score_texts(pool, texts, records, rewards: dict | None = None) -> tuple[list
 
 
 def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_prompt_len,
-             max_new_tokens, rng, thinking=True, mesh=None, avg_k=0, temperature=1.0, top_p=1.0):
+             max_new_tokens, rng, thinking=True, mesh=None, avg_k=0, temperature=1.0, top_p=1.0, desc=None):
     """Greedy pass@1 on `records` (each scored by its own domain's reward). Returns {"pass@1", "n", "ci95" (95%
     interval of the mean, `stats.mean_ci95`), "mean_len", "scores" (per record, in order: for paired comparisons)}
     and the verifier failure counts of `score_texts` (a score of 0 that a timeout or a verifier bug produced is
@@ -73,10 +75,10 @@ def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_pro
 
     With `avg_k` > 0 also avg@k: `avg_k` samples per record at `temperature` / `top_p` (the RL stages' sampling
     settings), each record's mean score, then their mean over records ("avg@k", "k", "avg@k_ci95": the interval
-    over records, whose k-sample means are the independent units)."""
+    over records, whose k-sample means are the independent units). `desc`: progress bars named after it."""
     texts, lengths = generate(params, model_cfg, tokenizer, records, batch_size=batch_size,
                      max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens, rng=rng,
-                     thinking=thinking, mesh=mesh)
+                     thinking=thinking, mesh=mesh, desc=desc)
     scores, counts = score_texts(pool, texts, records)
     out = {"pass@1": float(np.mean(scores)) if scores else 0.0, "n": len(records), "ci95": stats.mean_ci95(scores),
            "mean_len": float(np.mean(lengths)) if lengths else 0.0, "scores": [float(s) for s in scores], **counts}
@@ -85,7 +87,8 @@ def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_pro
         texts, _ = generate(params, model_cfg, tokenizer, records, batch_size=max(1, batch_size // avg_k),
                             max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens,
                             rng=jax.random.fold_in(rng, 1), thinking=thinking, greedy=False,
-                            temperature=temperature, top_p=top_p, num_samples=avg_k, mesh=mesh)
+                            temperature=temperature, top_p=top_p, num_samples=avg_k, mesh=mesh,
+                            desc=desc and f"{desc} avg@{avg_k}")
         sampled, sampled_counts = score_texts(pool, texts, [r for r in records for _ in range(avg_k)])
         per_record = np.asarray(sampled, np.float64).reshape(len(records), avg_k).mean(axis=1)
         out |= {"avg@k": float(per_record.mean()), "k": int(avg_k), "avg@k_ci95": stats.mean_ci95(per_record)}
