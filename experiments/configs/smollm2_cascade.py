@@ -14,8 +14,8 @@ SFT the model scores 0% on all of them: it answers in prose and never writes `\\
 
 Paper defaults (METHOD.md): KL 0, temperature 1, top-p 1, 16 rollouts per prompt, overlong filtering and
 dynamic filtering in GRPO; MOPD with 4 rollouts per prompt, LR 2e-6 warmed up from 0.1x, teachers the best
-validation checkpoint per domain. Scaled down: prompts per step and steps (CPU), and the GRPO learning rate
-(METHOD.md: ~3e-6 at 30B scale, "scale up for tiny models").
+validation checkpoint per domain, GRPO LR ~3e-6 (warmed up from 0.1x over 4 steps). Scaled down: prompts per
+step and steps (CPU).
 """
 import ml_collections
 
@@ -56,12 +56,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.stages = ml_collections.ConfigDict()
     both = list(DOMAINS)
     c.stages.sft = common.stage_config(
-        "sft", sft.DEFAULTS, domains=both, steps=40, batch_size=8, seq_len=128, pack=True, checkpoint_every=20,
+        "sft", sft.DEFAULTS, domains=both, steps=70, batch_size=8, seq_len=128, pack=True, checkpoint_every=20,
         eval_every=0, optim=dict(lr=2e-5, schedule="cosine", warmup_steps=4, weight_decay=0.0, min_lr_frac=0.1))
     rl = dict(steps=16, prompts_per_step=4, group_size=16, length_curriculum=((0, 24),), checkpoint_every=4,
               eval_every=8, eval_n=100, dynamic_filter=True, refill_rounds=2, overlong="filter",
               objective=dict(pg=1.0, kl=0.0, entropy=0.0),
-              optim=dict(lr=1e-5, b1=0.9, b2=0.95, schedule="constant", weight_decay=0.0, grad_clip=1.0))
+              # METHOD.md's ~3e-6, warmed up from 0.1x over 4 steps (Adam's first steps move every weight by ~lr).
+              # Seed 0 first ran a constant 1e-5; its reward fell 0.52 -> 0.00 at step 1, but so did this LR's: the
+              # step-1 batch holds four prompts no rollout solves, so that was the data, not the LR
+              optim=dict(lr=3e-6, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=4, warmup_init=0.1,
+                         weight_decay=0.0, grad_clip=1.0))
     c.stages.grpo_arith = common.stage_config("grpo", grpo.DEFAULTS, domains=["rg_arith"], **rl)
     c.stages.grpo_count = common.stage_config("grpo", grpo.DEFAULTS, domains=["rg_count"], **rl)
     c.stages.mopd = common.stage_config(  # teachers: "best:<domain>" on validation (init, SFT or a GRPO stage)
