@@ -68,3 +68,13 @@ def test_families_are_domains_with_their_own_name_and_the_boxed_verifier():
         assert REWARDS[name]("The answer is \\boxed{" + records[0]["answer"] + "}.", records[0]["answer"]) == 1.0
     with pytest.raises(ValueError, match="not a reasoning-gym family"):
         rgm.generate(np.random.default_rng(0), 1, domain="rg_nope")
+
+
+def test_a_question_drawn_twice_is_one_problem():
+    """Two 1-digit terms repeat often: evaluation (RunContext.eval_records) must count such a question once."""
+    from nemocascade.data.domains import problem_key
+    records = rgm.generate(np.random.default_rng(0), 300, split=None, datasets=["chain_sum"],
+                           configs={"chain_sum": dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)})
+    questions = {r["prompt"] for r in records}
+    assert len(questions) < len(records)  # the space (10 x 10 x 2 operators) forces repeats
+    assert len({problem_key(r) for r in records}) == len(questions)
