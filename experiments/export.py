@@ -19,13 +19,11 @@ architecture and tokenizer, and drops those weights). DIR then holds:
 Exit status: 0 done; 2 bad input (no such workdir, stage or file), with one line naming it.
 """
 import copy
-import functools
 import json
 import os
 import shutil
 import sys
 
-import jax
 import ml_collections
 from absl import app, flags, logging
 
@@ -35,7 +33,7 @@ from nemocascade import cascade, chat, checkpoint, named_checkpoints  # noqa: E4
 from nemocascade import mesh as mesh_lib  # noqa: E402
 from nemocascade.errors import BadInput  # noqa: E402
 from nemocascade.hf_tokenizer import HFTokenizer  # noqa: E402
-from nemocascade.models import ModelConfig, hf, init_params, param_shardings  # noqa: E402
+from nemocascade.models import ModelConfig, hf, param_shardings  # noqa: E402
 from nemocascade.tokenizer import Tokenizer  # noqa: E402
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "the run's directory (experiments/run.py --workdir)")
@@ -84,16 +82,6 @@ def run_model(cfg, workdir: str, mesh):
     return ModelConfig.from_dict({**cfg.model.to_dict(), "vocab_size": tokenizer.vocab_size}), tokenizer
 
 
-def policy_params(cfg, stage: str, params):
-    """The full weights of `stage`'s policy from what its checkpoint holds.
-
-    LoRA: a stage trained with adapters (nemocascade/lora.py, in progress) must have them merged into the base
-    weights here, the one place the export reads params, before they are written; until then the checkpoint's
-    params are the policy."""
-    del cfg, stage
-    return params
-
-
 def export(workdir: str, stage: str, out: str) -> dict:
     """Write `stage`'s policy of the run in `workdir` to `out` (module docstring); returns what was written."""
     cfg = ml_collections.ConfigDict(_read_json(os.path.join(workdir, "config.json"), "the run's config"))
@@ -101,9 +89,8 @@ def export(workdir: str, stage: str, out: str) -> dict:
     path = os.path.join(workdir, "checkpoints", "final", name)  # where the run wrote it (cascade._final_path)
     mesh = mesh_lib.make_mesh()  # this machine's devices, whatever mesh the run trained on
     model_cfg, tokenizer = run_model(cfg, workdir, mesh)
-    abstract = checkpoint.abstract_like(jax.eval_shape(functools.partial(init_params, model_cfg), jax.random.key(0)),
-                                        param_shardings(model_cfg, mesh))
-    params = policy_params(cfg, name, checkpoint.load_params(path, abstract))  # LoRA: adapters merged here
+    # a LoRA stage's final checkpoint holds merged params (stages/common.py Trainer.finish), like any other
+    params = checkpoint.load_params(path, cascade.abstract_params(model_cfg, param_shardings(model_cfg, mesh)))
     hf.save(model_cfg, params, out)
     written = ["config.json", "model.safetensors", "generation_config.json"]
     special = {"eos_token_id": tokenizer.eos_id, "pad_token_id": tokenizer.pad_id}

@@ -400,7 +400,7 @@ def _run_locked(cfg, workdir, config_name, variant, changes, redo_from=None) -> 
         ctx.pretrained = None  # the run owns `init` now
         print(f"model: {count_params(init) / 1e6:.2f}M params, vocab {ctx.model_cfg.vocab_size}, "
               f"devices {ctx.mesh.shape}", flush=True)
-        ctx.abstract_params = _abstract_params(ctx)
+        ctx.abstract_params = abstract_params(ctx.model_cfg, ctx.param_shardings)
         if cfg.get("eval_init") and not ctx.log.summary.get("init"):  # the starting model's scores ("before")
             checkpoint.save_params(_final_path(ctx, "init"), init)
             _evaluate_init(ctx, init)
@@ -500,7 +500,7 @@ def _rescore_locked(cfg, workdir, config_name, variant, changes) -> dict:
         ctx.log.record_config_changes(changes)
         ctx.checkpoints = named_checkpoints.NamedCheckpoints(os.path.join(workdir, "checkpoints"))
         ctx.checkpoints.clear()  # rebuilt, stage by stage, from the new validation scores
-        ctx.abstract_params = _abstract_params(ctx)
+        ctx.abstract_params = abstract_params(ctx.model_cfg, ctx.param_shardings)
         load = lambda name: checkpoint.load_params(_final_path(ctx, name), ctx.abstract_params)  # noqa: E731
         if ctx.log.summary.get("init"):
             _evaluate_init(ctx, load("init"), wall_s=ctx.log.summary["init"]["wall_s"])
@@ -518,10 +518,10 @@ def _rescore_locked(cfg, workdir, config_name, variant, changes) -> dict:
         ctx.log.close()
 
 
-def _abstract_params(ctx):
-    """The shapes and shardings of the run's params (what `checkpoint.load_params` restores into)."""
-    return checkpoint.abstract_like(jax.eval_shape(functools.partial(init_params, ctx.model_cfg), jax.random.key(0)),
-                                    ctx.param_shardings)
+def abstract_params(model_cfg, shardings):
+    """The shapes and shardings of a run's params (what `checkpoint.load_params` restores into)."""
+    return checkpoint.abstract_like(jax.eval_shape(functools.partial(init_params, model_cfg), jax.random.key(0)),
+                                    shardings)
 
 
 def _teacher_refs(stage) -> dict[str, str] | None:
