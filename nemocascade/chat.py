@@ -35,11 +35,12 @@ def jinja_template(thinking: bool = True) -> str:
     """`render_prompt` as a Hugging Face chat template (Jinja), for an exported tokenizer: transformers'
     `apply_chat_template(messages, add_generation_prompt=True)` then renders a [system,] user conversation
     exactly as the run was prompted in training. Earlier turns are plain ChatML turns."""
+    nl = "\\n"  # Jinja reads the escape as a newline
     turns = ("{%- for m in messages -%}"
-             "{{- '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' -}}"
+             f"{{{{- '{IM_START}' + m['role'] + '{nl}' + m['content'] + '{IM_END}{nl}' -}}}}"
              "{%- endfor -%}")
-    think = "<think>\\n" if thinking else "<think></think>\\n"  # Jinja reads the escape as a newline
-    return turns + "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n" + think + "' -}}{%- endif -%}"
+    think = f"{THINK_OPEN}{nl}" if thinking else f"{THINK_OPEN}{THINK_CLOSE}{nl}"
+    return turns + f"{{%- if add_generation_prompt -%}}{{{{- '{IM_START}assistant{nl}{think}' -}}}}{{%- endif -%}}"
 
 
 def render_completion(reasoning: str, answer: str, thinking: bool = True) -> str:
