@@ -23,12 +23,16 @@ Our side (`--side=ours`, one process) measures:
   micro-batches of at most `micro_rows` rows, as the peer's train_micro_batch_size); then, apart
   (the peer's steps save nothing), one async orbax save of the state as the trainer makes it: the seconds until it
   returns and until written. XLA compilations during timed steps are counted (`nemocascade.compiles`), must be 0.
+  With `--lora_rank=R` the steps train LoRA adapters over the frozen params (benchmarks/lora.py compares ranks);
+  each step also reports `state_mb` (what the optimiser updates and keeps) and `step_temp_mb` (XLA's scratch).
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -42,11 +46,11 @@ import jax.numpy as jnp  # noqa: E402
 import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
-from nemocascade import checkpoint, compiles, objectives, optim, sampling, train_state  # noqa: E402
+from nemocascade import checkpoint, compiles, lora, objectives, optim, sampling, train_state  # noqa: E402
 from nemocascade.data import pipeline  # noqa: E402
 from nemocascade.models import gguf, hf  # noqa: E402
 from nemocascade.rl import rollouts, update  # noqa: E402
-from nemocascade.stages import onpolicy  # noqa: E402
+from nemocascade.stages import common, onpolicy  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GRPO_PROMPTS = [f"Question {i}: what is {7 * i + 3} plus {11 * i + 5}? Think step by step, then answer."
@@ -135,10 +139,20 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
     teacher = jax.tree.map(jnp.copy, params) if kind == "mopd" else None
     roles = update.FrozenRoles(cfg, objective.needs, teachers=(teacher,) if teacher is not None else (),
                                teacher_of_domain=[0] if teacher is not None else None)
-    state = train_state.create(jax.tree.map(jnp.copy, params), tx, jax.random.key(0))
     micro = micro_batches(P * G, args.micro_rows)
-    step_fn = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=cfg, tx=tx, objective=objective,
-                                                        micro_batches=micro), donate_argnums=0)
+    core = functools.partial(update.policy_update, model_cfg=cfg, tx=tx, objective=objective, micro_batches=micro)
+    rank = getattr(args, "lora_rank", 0)
+    if rank:  # as the Trainer: adapters train over the frozen params, sampling reads the merge
+        alpha = lora.DEFAULTS["alpha"]
+        adapters = lora.init(jax.random.key(1), params, cfg, rank, lora.DEFAULTS["targets"])
+        state = train_state.create(adapters, tx, jax.random.key(0))
+        step_fn = jax.jit(common.over_adapters(core, alpha, rank), donate_argnums=0)
+        frozen_args = (params,)
+        merge = jax.jit(functools.partial(lora.merge, alpha=alpha, rank=rank))
+        policy = lambda st: merge(params, st.params)  # noqa: E731
+    else:
+        state = train_state.create(jax.tree.map(jnp.copy, params), tx, jax.random.key(0))
+        step_fn, frozen_args, policy = jax.jit(core, donate_argnums=0), (), lambda st: st.params
     chunks = rollouts.chunk_count(P, args.score_overlap)
     k_p = P // chunks
     times, counted, overlaps = [], [], []
@@ -149,7 +163,7 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
             toks, lens = _prompts(tok, P, args.prompt_len)
             toks, lens = pipeline.bucket_left_padded(toks[c * k_p:(c + 1) * k_p], lens[c * k_p:(c + 1) * k_p],
                                                      sampling.PROMPT_BUCKET)
-            s = sampling.sample(state.params, cfg, jnp.asarray(toks), jnp.asarray(lens),
+            s = sampling.sample(policy(state), cfg, jnp.asarray(toks), jnp.asarray(lens),
                                 jax.random.fold_in(jax.random.key(k), c), max_new_tokens=N, eos_id=-1,
                                 num_samples=G)
             s = rollouts.widen_prompts(s, args.prompt_len, tok.pad_id)  # chunks' prompt buckets may differ
@@ -171,12 +185,16 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
         batch = jax.device_put(batch)
         frozen = jax.block_until_ready(roles(batch))
         t3 = time.perf_counter()
-        state, metrics = step_fn(state, batch | frozen)
+        state, metrics = step_fn(state, batch | frozen, *frozen_args)
         jax.block_until_ready(metrics)
         t4 = time.perf_counter()
         times.append({"generate": pt["generate_s"], "score": pt["score_s"], "frozen_roles": t3 - t2, "train": t4 - t3})
         overlaps.append(pt["score_overlap_s"])
         counted.append(seen.take())
+    # memory: what the optimiser updates and keeps, and the compiled step's scratch (XLA's own accounting)
+    mem = step_fn.lower(state, batch | frozen, *frozen_args).compile().memory_analysis()
+    memory = {"state_mb": common.tree_bytes(state) / 2**20,
+              "step_temp_mb": mem.temp_size_in_bytes / 2**20 if mem is not None else None}
     # the checkpoint apart (the peer's steps save none): an async orbax save as the trainer does, the time until
     # it returns (arrays copied to host) and until the write has finished (it overlaps the next steps)
     ckpt = checkpoint.StageCheckpointer(os.path.join(workdir, f"{kind}_{shape}"))
@@ -194,7 +212,7 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
             "phases_s": {k: statistics.median(t[k] for t in timed) for k in timed[0]},
             "score_overlap_s": statistics.median(overlaps[1:]), "score_chunks": chunks,
             "checkpoint_s": {"returns": t1 - t0, "written": t2 - t0},
-            "completion_tokens_per_step": P * G * N, "micro_batches": micro}
+            "completion_tokens_per_step": P * G * N, "micro_batches": micro, "lora_rank": rank, **memory}
 
 
 def ours(args) -> dict:
@@ -209,6 +227,7 @@ def ours(args) -> dict:
         for kind, shapes in (("grpo", args.grpo_shapes), ("mopd", args.mopd_shapes)):
             if kind in args.what and tok is not None:
                 res[kind] = {s: bench_step(kind, cfg, params, tok, s, args, work) for s in shapes}
+    res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's resident peak
     return res
 
 
@@ -228,7 +247,7 @@ def side_command(side: str, args, out: str) -> list[str]:
         return [sys.executable, os.path.abspath(__file__), "--side=ours", f"--steps={args.steps}",
                 f"--mopd_shapes={','.join(args.mopd_shapes)}",
                 f"--share_shapes={','.join(args.share_shapes)}", f"--what={','.join(args.what)}",
-                f"--score_overlap={args.score_overlap}", *common]
+                f"--score_overlap={args.score_overlap}", f"--lora_rank={args.lora_rank}", *common]
     return [args.peer_python, os.path.join(HERE, "peer_tunix.py"), f"--grpo_steps={args.steps}",
             f"--what={','.join(w for w in args.what if w in ('sampler', 'grpo'))}", *common]
 
@@ -301,6 +320,8 @@ def main():
                     "and score one while the next generates (the on-policy stages' score_overlap; default 1 as theirs)")
     ap.add_argument("--micro_rows", type=int, default=16, help="train in micro-batches of at most this many rows "
                     "(both sides: our micro_batches, the peer's train_micro_batch_size in prompts)")
+    ap.add_argument("--lora_rank", type=int, default=0, help="our RL steps train LoRA adapters of this rank over "
+                    "the frozen params (lora.DEFAULTS targets and alpha; 0: every param trains)")
     ap.add_argument("--quick", action="store_true", help="small shapes, one round: a check that it runs")
     args = ap.parse_args()
     if args.quick:

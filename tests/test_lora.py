@@ -13,6 +13,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 from nemocascade import cascade, configs, errors, lora, objectives, optim, train_state
+from nemocascade.run_log import load_metrics
 from nemocascade.models import ModelConfig, init_params
 from nemocascade.rl import update
 from nemocascade.stages import common, grpo, kinds, rm
@@ -225,6 +226,24 @@ def test_lora_stages_train_adapters_and_hand_on_merged_params(lora_run):
     merged = lora.merge(sft_start, state["params"], cfg.stages.sft.lora.alpha, RANK)
     for x, y in zip(jax.tree.leaves(merged), jax.tree.leaves(sft_final)):
         np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=1e-6, atol=1e-7)
+
+
+def _nbytes(tree) -> int:
+    return sum(np.asarray(x).nbytes for x in jax.tree.leaves(tree))
+
+
+def test_logged_state_memory_is_the_adapters_and_their_adam_moments(lora_run):
+    """`state_mb` (every step's metrics): what the optimiser updates and keeps; with LoRA the adapters and Adam's
+    two moments of the same shapes, i.e. 3x the adapters' bytes (plus the step counters and the RNG key), far less
+    than the full params it would be without LoRA."""
+    cfg, wd, _ = lora_run
+    rows = [r for r in load_metrics(os.path.join(wd, "metrics.jsonl")) if r["stage"] == "sft" and "state_mb" in r]
+    assert rows and all(r["peak_rss_mb"] > 0 for r in rows)
+    with ocp.StandardCheckpointer() as ck:
+        adapters = ck.restore(os.path.join(wd, "checkpoints", "sft", "3", "state"))["params"]
+    expected = 3 * _nbytes(adapters)
+    assert 0 <= rows[-1]["state_mb"] * 2**20 - expected < 1024, (rows[-1]["state_mb"] * 2**20, expected)
+    assert 3 * _nbytes(final_params(wd, "sft")) > 20 * expected
 
 
 def test_interrupted_lora_stage_resumes_to_the_same_params(lora_run, tmp_path, monkeypatch):

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import math
 import os
+import resource
 import sys
 from typing import Any, Callable
 
@@ -227,6 +228,11 @@ def over_adapters(step_fn: Callable, alpha: float, rank: int) -> Callable:
     return step
 
 
+def tree_bytes(tree) -> int:
+    """Bytes of a pytree's arrays (global shapes: the whole array however it is sharded)."""
+    return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype"))
+
+
 class Trainer:
     """One stage's training state on the mesh, its jitted step, checkpoints and metrics.
 
@@ -280,6 +286,9 @@ class Trainer:
         self._nonfinite_run = 0  # consecutive skipped steps
         self._diverged = ""  # why the run must stop after the current step, once too many were skipped
         self._compiles = compiles.Since()  # XLA compilations per logged step (metrics: compiles, compile_s)
+        # memory (metrics: state_mb, peak_rss_mb): what the optimiser updates and keeps (params or LoRA adapters,
+        # Adam moments), and the process's resident peak so far (Linux ru_maxrss, KiB; a run's earlier stages count)
+        self._state_mb = tree_bytes(self.state) / 2**20
 
     def _use_lora(self, params, shardings, step_fn, rng):
         """LoRA: keep `params` as the frozen base; -> (fresh adapters, their shardings (replicated), the step over
@@ -355,7 +364,8 @@ class Trainer:
         return {k: v for k, v in metrics.items() if k not in bad}  # NaN has no place in metrics.jsonl
 
     def log(self, step: int, metrics: dict):
-        metrics = {**metrics, **self._compiles.take()}
+        metrics = {**metrics, **self._compiles.take(), "state_mb": self._state_mb,
+                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
         self.ctx.log.log_step(self.name, step, metrics)
         if hasattr(self._bar, "set_postfix"):
             self._bar.set_postfix({k: f"{v:.4g}" for k, v in metrics.items() if k in ("loss", "reward", "kl")},
