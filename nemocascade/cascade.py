@@ -37,6 +37,9 @@ from nemocascade.run_log import RunLog, load_metrics
 from nemocascade.stages import common, kinds
 from nemocascade.tokenizer import load_or_train
 
+# config.eval.avg_k_domains: which domains an RL stage's avg@k covers. "trained": its own (cheaper); "all": every
+# domain, so that each stage's avg@k has a paired comparison with its start's on every domain
+AVG_K_DOMAINS = ("trained", "all")
 CURVE_KEYS = ("loss", "reward", "response_len")  # and every quick-eval key (eval/<domain>/pass@1) a stage logged
 VAL_N = 200  # validation items per domain after each stage, unless config.eval.val_n says otherwise (0: all)
 
@@ -67,6 +70,8 @@ def validate(cfg) -> None:
     if sampled["avg_k"] < 0 or not sampled["temperature"] > 0 or not 0 < sampled["top_p"] <= 1:
         raise BadInput("config.eval: avg_k must be >= 0 (0: greedy only), temperature > 0 and 0 < top_p <= 1; got "
                        + ", ".join(f"{k}={v}" for k, v in sampled.items()))
+    if cfg.eval.get("avg_k_domains", "trained") not in AVG_K_DOMAINS:
+        raise BadInput(f"config.eval.avg_k_domains={cfg.eval.avg_k_domains!r}: one of {AVG_K_DOMAINS}")
     for set_name in cfg.eval.get("sets", {}):
         if set_name not in evaluation.EVAL_SETS:
             raise BadInput(f"config.eval.sets.{set_name}: unknown evaluation set; "
@@ -226,7 +231,9 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
 
     On test, avg@k (`eval.avg_k` samples per item) beside greedy pass@1: for an RL `stage`, on the domains it
     trained, at its own sampling temperature and top-p (code RL's 0.95); otherwise (SFT, the starting model, a
-    stage that does not sample) on every domain at `eval.temperature` / `eval.top_p`."""
+    stage that does not sample) on every domain at `eval.temperature` / `eval.top_p`; `eval.avg_k_domains="all"`:
+    every domain for an RL stage too. Per-item scores: {name: [greedy score]} and, where avg@k was measured,
+    {"avg@k/<name>": [mean of the item's k samples]}."""
     out = {}
     n = ctx.cfg.eval.n if split == "test" else ctx.cfg.eval.get("val_n", VAL_N)
     sampled, sampled_domains = _eval_sampling(ctx.cfg), ()
@@ -234,13 +241,16 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
         if stage is not None and "temperature" in stage:  # an RL stage: its own domains, its own sampling
             sampled |= {"temperature": stage.temperature, "top_p": stage.top_p}
             sampled_domains = tuple(stage.domains)
+            if ctx.cfg.eval.get("avg_k_domains", "trained") == "all":
+                sampled_domains = tuple(ctx.cfg.data.domains)
         else:
             sampled_domains = tuple(ctx.cfg.data.domains)
     for i, domain in enumerate(ctx.cfg.data.domains):
         records = ctx.eval_records(domain, split, n or None)  # distinct items only
         out[domain] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,
                                           rng=jax.random.key(i), **common.eval_settings(ctx, domain),
-                                          **(sampled if domain in sampled_domains else {}), desc=f"eval {split} {domain}")
+                                          **(sampled if domain in sampled_domains else {}),
+                                          desc=f"eval {split} {domain}")
     for name, sc in ctx.cfg.eval.get("sets", {}).items() if split == "test" else ():
         settings = common.eval_settings(ctx) | {k: sc[k] for k in ("max_prompt_len", "max_new_tokens") if k in sc}
         if name not in ctx.eval_sets:
@@ -250,7 +260,9 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
         records, too_long = ctx.eval_sets[name]
         out[name] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,
                                         rng=jax.random.key(1000), **settings) | {"skipped_too_long": too_long}
-    return out, {name: result.pop("scores") for name, result in out.items()}
+    items = {name: result.pop("scores") for name, result in out.items()}
+    items |= {f"avg@k/{name}": result.pop("avg@k_scores") for name, result in out.items() if "avg@k_scores" in result}
+    return out, items
 
 
 def _eval_sampling(cfg) -> dict:
@@ -284,6 +296,12 @@ def _paired_gains(ctx, before_stage: str | None, items: dict) -> dict:
             gain, ci = stats.paired_diff_ci95(before[name], after)
             out[name] = {"mean_gain": gain, "ci95": ci}
     return out
+
+
+def _split_avg_k(paired: dict) -> tuple[dict, dict]:
+    """Paired gains -> (greedy pass@1's, avg@k's by domain: the `avg@k/<name>` items)."""
+    return ({k: v for k, v in paired.items() if not k.startswith("avg@k/")},
+            {k.split("/", 1)[1]: v for k, v in paired.items() if k.startswith("avg@k/")})
 
 
 def _scores_of(ctx, stage_name, split_key="eval"):
@@ -462,7 +480,9 @@ def _evaluate_stage(ctx, name, params, start, teacher_stages, *, train_s, t0=Non
         extra["stage_eval"] = {k: v for k, v in rows[-1].items() if k.startswith("eval/")} if rows else {}
     if items is not None:  # paired against what the stage started from (RUN_OUTPUT.md: paired differences)
         before = start or ("init" if ctx.log.summary.get("init") else None)
-        extra["paired_vs_start"] = _paired_gains(ctx, before, items)
+        extra["paired_vs_start"], avg_k = _split_avg_k(_paired_gains(ctx, before, items))
+        if avg_k:  # each item's k-sample mean, paired with the start's on the same items
+            extra["paired_vs_start_avg@k"] = avg_k
     if teacher_stages:
         extra["teacher_scores"] = {d: ctx.checkpoints.score(t, d) for d, t in teacher_stages.items()}
     ctx.log.end_stage(name, stage.kind, list(stage.domains), int(stage.steps),
@@ -550,6 +570,10 @@ def _report(ctx, name, scores):
     if paired:
         table += ("\n\nPaired gain over the stage's start on the same test items (points, paired bootstrap 95% "
                   "interval; bold: the stage's own domains)\n\n" + paired)
+    paired = plots.paired_table_markdown(ctx.log.summary, "paired_vs_start_avg@k")
+    if paired:
+        table += ("\n\nPaired avg@k gain over the stage's start (each item's mean over its k samples; points, paired "
+                  "bootstrap 95% interval)\n\n" + paired)
     with open(os.path.join(ctx.workdir, "eval_table.md"), "w") as f:
         f.write(table + "\n")
     print(f"[{name}] held-out: " + ", ".join(f"{d} {s['pass@1']:.3f} (n={s['n']})" for d, s in scores.items()),

@@ -75,7 +75,8 @@ def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_pro
 
     With `avg_k` > 0 also avg@k: `avg_k` samples per record at `temperature` / `top_p` (the RL stages' sampling
     settings), each record's mean score, then their mean over records ("avg@k", "k", "avg@k_ci95": the interval
-    over records, whose k-sample means are the independent units). `desc`: progress bars named after it."""
+    over records, whose k-sample means are the independent units; "avg@k_scores": those means, in order).
+    `desc`: progress bars named after it."""
     texts, lengths = generate(params, model_cfg, tokenizer, records, batch_size=batch_size,
                      max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens, rng=rng,
                      thinking=thinking, mesh=mesh, desc=desc)
@@ -91,7 +92,8 @@ def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_pro
                             desc=desc and f"{desc} avg@{avg_k}")
         sampled, sampled_counts = score_texts(pool, texts, [r for r in records for _ in range(avg_k)])
         per_record = np.asarray(sampled, np.float64).reshape(len(records), avg_k).mean(axis=1)
-        out |= {"avg@k": float(per_record.mean()), "k": int(avg_k), "avg@k_ci95": stats.mean_ci95(per_record)}
+        out |= {"avg@k": float(per_record.mean()), "k": int(avg_k), "avg@k_ci95": stats.mean_ci95(per_record),
+                "avg@k_scores": [float(x) for x in per_record]}
         for key, v in sampled_counts.items():
             out[key] += v
     return out

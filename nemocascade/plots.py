@@ -151,13 +151,14 @@ def eval_table_markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def paired_table_markdown(summary: dict) -> str:
+def paired_table_markdown(summary: dict, key: str = "paired_vs_start") -> str:
     """Markdown table of each stage's paired gain over the stage it started from (`paired_vs_start`: the same test
     items, paired bootstrap 95% interval), in points: a row per stage, a column per domain, its own domains'
     cells in bold (claim (a): an RL stage raises its own domain; the others are claim (b): what it costs them).
+    `key="paired_vs_start_avg@k"`: the same for avg@k (each item's k-sample mean).
     Empty string when no stage has paired gains. No trailing newline.
     Example row: ``| if_rl (from sft) | **+22.8 [+19.0, +26.6]** | -4.0 [-7.0, -1.0] |``."""
-    stages = [s for s in summary["stages"] if s.get("paired_vs_start")]
+    stages = [s for s in summary["stages"] if s.get(key)]
     if not stages:
         return ""
     domains = _domains(summary)
@@ -165,7 +166,7 @@ def paired_table_markdown(summary: dict) -> str:
     for s in stages:
         cells = []
         for d in domains:
-            p = s["paired_vs_start"].get(d)
+            p = s[key].get(d)
             cell = "-" if p is None else stats.percent(p["mean_gain"], p["ci95"], signed=True)
             cells.append(f"**{cell}**" if p is not None and d in s.get("domains", ()) else cell)
         lines.append(f"| {_label(s)} (from {s.get('started_from')}) | " + " | ".join(cells) + " |")

@@ -4,6 +4,7 @@
     sweep["stages"][i]["eval"][domain] = {"mean", "ci95", "n_seeds", "per_seed"}   (ci95: Student t across seeds)
     sweep["stages"][i]["avg@k"][domain] = the same for avg@k               (when the runs measured it)
     sweep["paired"] = [{"from", "to", "domain", "mean_gain", "ci95", "per_seed"}]  (each stage minus its start)
+    sweep["paired_avg@k"] = the same for avg@k, where a stage and its start both measured it
 
 The runs themselves are `experiments/run.py` processes (`experiments/sweep.py` starts them); this module only
 reads what they wrote, so a sweep can be re-aggregated at any time, with some seeds still running.
@@ -25,7 +26,7 @@ def aggregate(config: str, variant: str | None, summaries: dict[int, dict]) -> d
     for seed in seeds:
         if summaries[seed].get("init"):
             by_seed[seed]["init"] = {"name": "init", "eval": summaries[seed]["init"]["eval"], "started_from": None}
-    stages, paired = [], []
+    stages, paired = [], {"pass@1": [], "avg@k": []}
     for name in (["init"] if any("init" in by_seed[s] for s in seeds) else []) + order:
         present = [s for s in seeds if name in by_seed[s]]
         domains = list(dict.fromkeys(d for s in present for d in by_seed[s][name]["eval"]))
@@ -40,14 +41,16 @@ def aggregate(config: str, variant: str | None, summaries: dict[int, dict]) -> d
         start = starts.pop() if len(starts) == 1 else None
         if start is None:
             continue
-        for d in domains:
-            gains = [by_seed[s][name]["eval"][d]["pass@1"] - by_seed[s][start]["eval"][d]["pass@1"] for s in present
-                     if start in by_seed[s] and d in by_seed[s][name]["eval"] and d in by_seed[s][start]["eval"]]
+        for metric, d in ((m, d) for m in paired for d in domains):
+            gains = [by_seed[s][name]["eval"][d][metric] - by_seed[s][start]["eval"][d][metric] for s in present
+                     if start in by_seed[s] and metric in by_seed[s][name]["eval"].get(d, {})
+                     and metric in by_seed[s][start]["eval"].get(d, {})]
             if gains:
                 row = _over_seeds(gains)
-                paired.append({"from": start, "to": name, "domain": d, "mean_gain": row["mean"], "ci95": row["ci95"],
-                               "n_seeds": row["n_seeds"], "per_seed": row["per_seed"]})
-    return {"config": config, "variant": variant, "seeds": seeds, "stages": stages, "paired": paired}
+                paired[metric].append({"from": start, "to": name, "domain": d, "mean_gain": row["mean"],
+                                       "ci95": row["ci95"], "n_seeds": row["n_seeds"], "per_seed": row["per_seed"]})
+    return {"config": config, "variant": variant, "seeds": seeds, "stages": stages, "paired": paired["pass@1"],
+            "paired_avg@k": paired["avg@k"]}
 
 
 def _over_seeds(values) -> dict:
@@ -65,10 +68,12 @@ def table_markdown(sweep: dict) -> str:
     if any("avg@k" in s for s in sweep["stages"]):
         lines += ["", "avg@k at the sampling temperature (k samples per item), mean over seeds [95% interval]:", ""]
         lines += _stage_table([s for s in sweep["stages"] if "avg@k" in s], domains, "avg@k")
-    if sweep["paired"]:
-        lines += ["", f"paired gain over the stage's start, per seed then averaged (n={n} seeds):", "",
+    for key, what in (("paired", "paired gain over the stage's start"), ("paired_avg@k", "paired avg@k gain")):
+        if not sweep.get(key):
+            continue
+        lines += ["", f"{what}, per seed then averaged (n={n} seeds):", "",
                   "| from -> to | domain | gain | 95% interval |", "|:--|:--|--:|--:|"]
-        for p in sweep["paired"]:
+        for p in sweep[key]:
             ci = stats.percent_interval(p["ci95"], signed=True) if p["ci95"] else "-"
             lines.append(f"| {p['from']} -> {p['to']} | {p['domain']} | {stats.percent(p['mean_gain'], signed=True)}"
                          f" | {ci} |")

@@ -27,6 +27,7 @@ def test_avg_at_k_is_the_mean_of_per_record_sample_means(monkeypatch):
     assert out["pass@1"] == pytest.approx(2 / 3) and out["scores"] == [1.0, 0.0, 1.0]
     assert out["k"] == 4 and out["avg@k"] == pytest.approx((0.75 + 0.25 + 0.0) / 3)
     assert out["avg@k_ci95"] == pytest.approx(stats.mean_ci95([0.75, 0.25, 0.0]))
+    assert out["avg@k_scores"] == [0.75, 0.25, 0.0]  # per record, in order: for paired comparisons
     assert calls[1]["batch_size"] == 2  # 8 rows of the batch shared by 4 samples per record
     assert out["verifier_errors"] == 0
 

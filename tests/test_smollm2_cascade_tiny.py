@@ -24,10 +24,16 @@ def test_smollm2_cascade_tiny(tmp_path, run_cli):
         ("sft", "sft"), ("grpo_arith", "grpo"), ("grpo_count", "grpo"), ("mopd", "mopd")]
     reg = json.load(open(workdir / "checkpoints" / "registry.json"))
     assert summary["stages"][3]["teachers"] == {d: f"stage:{reg['best'][d]['stage']}" for d in ("rg_arith", "rg_count")}
-    for stage in summary["stages"]:  # every domain scored after every stage, with its interval; avg@k on the
-        assert set(stage["eval"]) == {"rg_arith", "rg_count"}  # domains an RL stage trained (all after SFT)
+    starts = {"init": summary["init"]} | {s["name"]: s for s in summary["stages"]}
+    for stage in summary["stages"]:  # every domain scored after every stage, with its interval; avg@k on every
+        assert set(stage["eval"]) == {"rg_arith", "rg_count"}  # domain too (eval.avg_k_domains="all")
         assert all(len(e["ci95"]) == 2 for e in stage["eval"].values())
-        assert {d for d, e in stage["eval"].items() if e.get("k") == 2} == set(stage["domains"])
+        assert {d for d, e in stage["eval"].items() if e.get("k") == 2} == {"rg_arith", "rg_count"}
+        # paired avg@k on the same items: its mean is the difference of the two stages' avg@k, exactly
+        start = starts[stage["started_from"] or "init"]["eval"]
+        for d, p in stage["paired_vs_start_avg@k"].items():  # (summary.json rounds to 3 decimals)
+            assert p["mean_gain"] == pytest.approx(stage["eval"][d]["avg@k"] - start[d]["avg@k"], abs=6e-4)
+        assert set(stage["paired_vs_start_avg@k"]) == {"rg_arith", "rg_count"}
     rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
     assert [r["step"] for r in rows if r["stage"] == "grpo_count"] == [0, 1]
     mopd = [r for r in rows if r["stage"] == "mopd"]

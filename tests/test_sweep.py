@@ -50,6 +50,23 @@ def test_aggregate_carries_avg_at_k_where_measured():
     assert "| grpo | 65.0 [" in sweep.table_markdown(out).split("avg@k")[1]
 
 
+def test_paired_avg_at_k_gains_where_a_stage_and_its_start_both_measured_it():
+    runs = {0: _summary(0.5, 0.7), 1: _summary(0.6, 0.8), 2: _summary(0.55, 0.6)}
+    for seed, (sft, grpo) in {0: (0.30, 0.50), 1: (0.40, 0.50), 2: (0.35, 0.60)}.items():
+        runs[seed]["stages"][0]["eval"]["math"]["avg@k"] = sft
+        runs[seed]["stages"][1]["eval"]["math"]["avg@k"] = grpo
+    del runs[2]["stages"][0]["eval"]["math"]["avg@k"]  # seed 2's start did not measure it: not a pair
+    out = sweep.aggregate("x", None, runs)
+    (gain,) = out["paired_avg@k"]  # gains 0.2, 0.1: mean 0.15, sd 0.0707
+    assert (gain["from"], gain["to"], gain["domain"], gain["n_seeds"]) == ("sft", "grpo", "math", 2)
+    assert gain["per_seed"] == pytest.approx([0.2, 0.1]) and gain["mean_gain"] == pytest.approx(0.15)
+    half = T2 * 0.0707106781 / 2 ** 0.5
+    assert gain["ci95"] == pytest.approx([0.15 - half, 0.15 + half])
+    assert [p["per_seed"] for p in out["paired"]] == [pytest.approx([0.2, 0.2, 0.05])]  # greedy's, all three
+    assert "paired avg@k gain" in sweep.table_markdown(out) and "| sft -> grpo | math | +15.0 |" in (
+        sweep.table_markdown(out).split("paired avg@k gain")[1])
+
+
 def test_aggregate_with_init_a_missing_stage_and_one_seed():
     s1 = _summary(0.5, 0.7, init=0.1)
     s2 = _summary(0.6, 0.8, init=0.3)
