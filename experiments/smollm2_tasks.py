@@ -35,6 +35,9 @@ INSTRUCTION = "Give only the final answer, as \\boxed{N}."
 # name -> (reasoning-gym dataset, its settings): easy ends of each generator, single-number answers.
 CANDIDATES = {
     "add_2x2": ("chain_sum", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2)),
+    # two 2-digit terms: a uniform space of 16,200 questions (1-2 digits draws the digit count first, so one-digit
+    # questions repeat and distinct items skew toward the rarer two-digit ones)
+    "add_2d": ("chain_sum", dict(min_terms=2, max_terms=2, min_digits=2, max_digits=2)),
     "chain_3x2": ("chain_sum", dict(min_terms=3, max_terms=3, min_digits=1, max_digits=2)),
     "arith_2x2": ("basic_arithmetic", dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2,
                                            operators=("+", "-", "*"), allow_parentheses=False,
