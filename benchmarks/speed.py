@@ -32,7 +32,6 @@ import argparse
 import functools
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -227,7 +226,7 @@ def ours(args) -> dict:
         for kind, shapes in (("grpo", args.grpo_shapes), ("mopd", args.mopd_shapes)):
             if kind in args.what and tok is not None:
                 res[kind] = {s: bench_step(kind, cfg, params, tok, s, args, work) for s in shapes}
-    res["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the process's resident peak
+    res["peak_rss_mb"] = common.peak_rss_mb()  # the process's resident peak
     return res
 
 

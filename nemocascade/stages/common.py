@@ -228,6 +228,11 @@ def over_adapters(step_fn: Callable, alpha: float, rank: int) -> Callable:
     return step
 
 
+def peak_rss_mb() -> float:
+    """The process's resident-memory peak so far, MiB (ru_maxrss: KiB on Linux, bytes on macOS)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+
+
 def tree_bytes(tree) -> int:
     """Bytes of a pytree's arrays (global shapes: the whole array however it is sharded)."""
     return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree) if hasattr(x, "dtype"))
@@ -287,7 +292,7 @@ class Trainer:
         self._diverged = ""  # why the run must stop after the current step, once too many were skipped
         self._compiles = compiles.Since()  # XLA compilations per logged step (metrics: compiles, compile_s)
         # memory (metrics: state_mb, peak_rss_mb): what the optimiser updates and keeps (params or LoRA adapters,
-        # Adam moments), and the process's resident peak so far (Linux ru_maxrss, KiB; a run's earlier stages count)
+        # Adam moments), and the process's resident peak so far (`peak_rss_mb`: a run's earlier stages count)
         self._state_mb = tree_bytes(self.state) / 2**20
 
     def _use_lora(self, params, shardings, step_fn, rng):
@@ -364,8 +369,7 @@ class Trainer:
         return {k: v for k, v in metrics.items() if k not in bad}  # NaN has no place in metrics.jsonl
 
     def log(self, step: int, metrics: dict):
-        metrics = {**metrics, **self._compiles.take(), "state_mb": self._state_mb,
-                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+        metrics = {**metrics, **self._compiles.take(), "state_mb": self._state_mb, "peak_rss_mb": peak_rss_mb()}
         self.ctx.log.log_step(self.name, step, metrics)
         if hasattr(self._bar, "set_postfix"):
             self._bar.set_postfix({k: f"{v:.4g}" for k, v in metrics.items() if k in ("loss", "reward", "kl")},
