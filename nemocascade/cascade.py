@@ -238,13 +238,11 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
     n = ctx.cfg.eval.n if split == "test" else ctx.cfg.eval.get("val_n", VAL_N)
     sampled, sampled_domains = _eval_sampling(ctx.cfg), ()
     if split == "test" and sampled["avg_k"]:
-        if stage is not None and "temperature" in stage:  # an RL stage: its own domains, its own sampling
+        rl = stage is not None and "temperature" in stage
+        if rl:  # an RL stage samples at its own settings
             sampled |= {"temperature": stage.temperature, "top_p": stage.top_p}
-            sampled_domains = tuple(stage.domains)
-            if ctx.cfg.eval.get("avg_k_domains", "trained") == "all":
-                sampled_domains = tuple(ctx.cfg.data.domains)
-        else:
-            sampled_domains = tuple(ctx.cfg.data.domains)
+        own_only = rl and ctx.cfg.eval.get("avg_k_domains", "trained") == "trained"
+        sampled_domains = tuple(stage.domains if own_only else ctx.cfg.data.domains)
     for i, domain in enumerate(ctx.cfg.data.domains):
         records = ctx.eval_records(domain, split, n or None)  # distinct items only
         out[domain] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,

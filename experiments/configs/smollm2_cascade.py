@@ -51,11 +51,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     for domain, settings in DOMAINS.items():
         c.data.domains[domain] = dict(num_train=4000, num_test=1500, num_val=600, opts=dict(
             datasets=tuple(settings), configs=settings, instruction=INSTRUCTION))
-    # n distinct test items per domain (greedy pass@1 and avg@2 at the stage's sampling settings); val_n
+    # n distinct test items per domain: greedy pass@1, and avg@2 at the stage's sampling settings on every domain
+    # after every stage (avg_k_domains "all": each stage's paired avg@k gain over its start on every domain); val_n
     # distinct validation items choose the MOPD teachers. Evaluation is prefill-bound here (64-token prompts, short
-    # answers): ~3 minutes per checkpoint for both domains' 500 greedy + 1000 sampled answers
-    # avg@2 on every domain after every stage (avg_k_domains "all"), so that each stage's paired avg@k gain over its
-    # start exists on every domain: GRPO's gain shows in sampled accuracy first
+    # answers): ~4 minutes per checkpoint for both domains' 500 greedy + 1000 sampled answers
     c.eval = dict(n=500, val_n=100, batch_size=128, max_prompt_len=96, max_new_tokens=24, avg_k=2,
                   avg_k_domains="all", temperature=1.0, top_p=1.0)
     c.reward = dict(num_workers=2, timeout_s=5.0)
