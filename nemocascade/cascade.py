@@ -195,12 +195,21 @@ def load_pretrained(p, mesh):
     return model_cfg, params, tokenizer
 
 
+def data_seed(cfg) -> int:
+    """The seed the domains' train/test/validation records are drawn with: `data.seed`, or the run's `seed` when
+    it is -1 or absent. Fixing it (`--config.data.seed=0`) varies only training across a sweep's seeds, on one
+    data draw: the way to share a finished stage (e.g. seed 0's SFT) between seeds without a test item of one
+    seed's draw in another's training split."""
+    seed = cfg.data.get("seed", -1)
+    return cfg.seed if seed is None or seed < 0 else int(seed)
+
+
 def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.RunContext:
     """Everything a stage needs; the caller has validated `cfg` and holds the workdir (see `run`)."""
     mesh = make_mesh(dict(cfg.mesh))
     data_dir = cfg.data.data_dir or os.path.join(workdir, "data")
-    sources = {d: tfds_builder.prepare(d, data_dir, dc.num_train, dc.num_test, cfg.seed, num_val=dc.get("num_val"),
-                                       **dc.opts.to_dict())
+    sources = {d: tfds_builder.prepare(d, data_dir, dc.num_train, dc.num_test, data_seed(cfg),
+                                       num_val=dc.get("num_val"), **dc.opts.to_dict())
                for d, dc in cfg.data.domains.items()}
     pretrained = None
     if cfg.get("pretrained") and cfg.pretrained.kind:

@@ -18,6 +18,20 @@ def test_config_validates(name, variant):
     assert list(configs.stage_order(cfg))
 
 
+def test_data_seed_is_the_runs_seed_unless_fixed():
+    # smollm2_cascade's sweep shares seed 0's SFT between seeds: the records must then be seed 0's draw for
+    # every seed, or one seed's test items could sit in the training split SFT saw
+    cfg = configs.load("smollm2_cascade")
+    assert cfg.data.seed == -1 and cascade.data_seed(cfg) == cfg.seed == 0
+    cfg.seed = 2
+    assert cascade.data_seed(cfg) == 2
+    cfg.data.seed = 0
+    assert cascade.data_seed(cfg) == 0
+    other = configs.load("cascade_math")
+    other.seed = 5
+    assert "seed" not in other.data and cascade.data_seed(other) == 5  # no data.seed key: the run's seed
+
+
 def test_the_cascades_use_the_papers_orders():
     cfg = configs.load("cascade_c2")
     c2 = [s for s in configs.stage_order(cfg) if not cfg.stages[s].side_branch]

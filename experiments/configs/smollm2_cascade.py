@@ -47,6 +47,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.tokenizer = dict(path="", vocab_size=0, corpus_size=0)
     c.data = ml_collections.ConfigDict()
     c.data.data_dir = ""
+    c.data.seed = -1  # the records' draw: -1 = the run's seed; fixed, a sweep varies training only (cascade.data_seed)
     c.data.domains = ml_collections.ConfigDict()
     for domain, settings in DOMAINS.items():
         c.data.domains[domain] = dict(num_train=4000, num_test=1500, num_val=600, opts=dict(
