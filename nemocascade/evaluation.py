@@ -16,10 +16,12 @@ from nemocascade.run_log import progress
 
 
 def generate(params, model_cfg, tokenizer, records, *, batch_size, max_prompt_len, max_new_tokens,
-             rng, thinking=True, greedy=True, temperature=1.0, top_p=1.0, num_samples=1, mesh=None, desc=None):
+             rng, thinking=True, greedy=True, temperature=1.0, top_p=1.0, num_samples=1, greedy_first=False,
+             mesh=None, desc=None):
     """Completions (decoded text, think-prefix included in thinking mode) for `records`, in order,
-    `num_samples` per record (adjacent), and their lengths in generated tokens. Batches are padded to
-    `batch_size` so one compiled sampler serves every batch. `desc`: show a progress bar over the batches."""
+    `num_samples` per record (adjacent; with `greedy_first` the first of them greedy, `sampling.sample`), and
+    their lengths in generated tokens. Batches are padded to `batch_size` so one compiled sampler serves every
+    batch. `desc`: show a progress bar over the batches."""
     texts, lengths = [], []
     starts = range(0, len(records), batch_size)
     for start in progress(starts, desc=desc) if desc else starts:
@@ -32,7 +34,7 @@ def generate(params, model_cfg, tokenizer, records, *, batch_size, max_prompt_le
         out = sampling.sample(params, model_cfg, toks, lens,
                               jax.random.fold_in(rng, start), max_new_tokens=max_new_tokens, eos_id=tokenizer.eos_id,
                               pad_id=tokenizer.pad_id, temperature=temperature, top_p=top_p,
-                              greedy=greedy, num_samples=num_samples)
+                              greedy=greedy, num_samples=num_samples, greedy_first=greedy_first)
         n = len(chunk) * num_samples
         tokens, mask, lens = mesh_lib.to_host((out.tokens, out.mask, out.lengths))
         texts += decode_responses(tokenizer, tokens[:n], mask[:n], thinking)
@@ -77,25 +79,29 @@ def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_pro
     settings), each record's mean score, then their mean over records ("avg@k", "k", "avg@k_ci95": the interval
     over records, whose k-sample means are the independent units; "avg@k_scores": those means, in order).
     `desc`: progress bars named after it."""
-    texts, lengths = generate(params, model_cfg, tokenizer, records, batch_size=batch_size,
-                     max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens, rng=rng,
-                     thinking=thinking, mesh=mesh, desc=desc)
-    scores, counts = score_texts(pool, texts, records)
-    out = {"pass@1": float(np.mean(scores)) if scores else 0.0, "n": len(records), "ci95": stats.mean_ci95(scores),
-           "mean_len": float(np.mean(lengths)) if lengths else 0.0, "scores": [float(s) for s in scores], **counts}
-    if avg_k > 0 and records:
-        # k samples per record share one batch row budget: batch_size // k records a batch (>= 1)
-        texts, _ = generate(params, model_cfg, tokenizer, records, batch_size=max(1, batch_size // avg_k),
-                            max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens,
-                            rng=jax.random.fold_in(rng, 1), thinking=thinking, greedy=False,
-                            temperature=temperature, top_p=top_p, num_samples=avg_k, mesh=mesh,
-                            desc=desc and f"{desc} avg@{avg_k}")
-        sampled, sampled_counts = score_texts(pool, texts, [r for r in records for _ in range(avg_k)])
-        per_record = np.asarray(sampled, np.float64).reshape(len(records), avg_k).mean(axis=1)
-        out |= {"avg@k": float(per_record.mean()), "k": int(avg_k), "avg@k_ci95": stats.mean_ci95(per_record),
+    # with avg@k, each prompt is prefilled once for its greedy answer and its k samples (`greedy_first`): the
+    # prefill is most of this evaluation's cost (short answers); batch_size // (k + 1) records a batch (>= 1)
+    k = avg_k if avg_k > 0 and records else 0
+    per_batch = max(1, batch_size // (k + 1))
+    if mesh is not None and k:  # whole prompts per data-parallel shard, as far as the batch allows
+        shards = mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
+        per_batch = per_batch - per_batch % shards if per_batch >= shards else per_batch
+    texts, lengths = generate(params, model_cfg, tokenizer, records, batch_size=per_batch,
+                              max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens, rng=rng,
+                              thinking=thinking, greedy=k == 0, temperature=temperature, top_p=top_p,
+                              num_samples=k + 1, greedy_first=k > 0, mesh=mesh,
+                              desc=desc and (f"{desc} greedy+avg@{k}" if k else desc))
+    G = k + 1
+    all_scores, counts = score_texts(pool, texts, [r for r in records for _ in range(G)])
+    by_record = np.asarray(all_scores, np.float64).reshape(len(records), G)
+    scores, lengths = by_record[:, 0], lengths[::G]
+    out = {"pass@1": float(np.mean(scores)) if len(scores) else 0.0, "n": len(records),
+           "ci95": stats.mean_ci95(scores), "mean_len": float(np.mean(lengths)) if lengths else 0.0,
+           "scores": [float(s) for s in scores], **counts}
+    if k:
+        per_record = by_record[:, 1:].mean(axis=1)
+        out |= {"avg@k": float(per_record.mean()), "k": int(k), "avg@k_ci95": stats.mean_ci95(per_record),
                 "avg@k_scores": [float(x) for x in per_record]}
-        for key, v in sampled_counts.items():
-            out[key] += v
     return out
 
 

@@ -77,15 +77,18 @@ def draw(logits, key):
     return jnp.sum(cdf <= u, axis=-1).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "num_samples", "top_k", "greedy"))
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "num_samples", "top_k", "greedy",
+                                             "greedy_first"))
 def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new_tokens: int, eos_id,
            pad_id=0, temperature=1.0, top_p=1.0, top_k: int = 0, greedy: bool = False,
-           num_samples: int = 1) -> Samples:
+           num_samples: int = 1, greedy_first: bool = False) -> Samples:
     """Sample `num_samples` responses for every left-padded prompt row.
 
     prompt_tokens [B, prompt_len] int32 (left padding), prompt_lens [B]. Each prompt is prefilled once and its
     KV cache copied to its G = `num_samples` rows (prefix sharing: 1/G of the prefill compute). Rows stop at
     their first `eos_id`; the loop exits as soon as every row has stopped or after `max_new_tokens` tokens.
+    `greedy`: every row takes the argmax. `greedy_first`: the first row of each prompt's G takes the argmax and
+    the other G - 1 sample (evaluation's greedy answer and its avg@k samples from one prefill).
     """
     G, N = num_samples, max_new_tokens
     B0, prompt_len = prompt_tokens.shape
@@ -98,6 +101,7 @@ def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new
     cache = KVCache(share(cache.k, 1), share(cache.v, 1), share(cache.valid, 0))
     prompts, lens = share(prompt_tokens, 0), share(lens0, 0)
     B = B0 * G
+    argmax_row = jnp.arange(B) % G == 0 if greedy_first else None
 
     def cond(state):
         i, _, _, _, _, done, _ = state
@@ -110,6 +114,8 @@ def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new
             tok = jnp.argmax(last, axis=-1).astype(jnp.int32)
         else:
             tok = draw(filter_logits(last, temperature, top_p, top_k), key)
+            if greedy_first:
+                tok = jnp.where(argmax_row, jnp.argmax(last, axis=-1).astype(jnp.int32), tok)
         lp = jnp.take_along_axis(jax.nn.log_softmax(last, axis=-1), tok[:, None], axis=-1)[:, 0]
         tok = jnp.where(done, pad_id, tok)
         out_tok = out_tok.at[:, i].set(tok)

@@ -12,23 +12,24 @@ def test_avg_at_k_is_the_mean_of_per_record_sample_means(monkeypatch):
 
     def fake_generate(params, model_cfg, tokenizer, records, **kw):
         calls.append(kw)
-        if kw.get("greedy", True):
-            return [r"\boxed{1}", r"\boxed{0}", r"\boxed{3}"], [2, 2, 2]
-        assert kw["num_samples"] == 4 and kw["temperature"] == 0.7 and kw["top_p"] == 0.9
-        # record 0 right 3 of 4, record 1 right 1 of 4, record 2 right 0 of 4 (samples adjacent per record)
-        boxed = ["1", "1", "1", "9", "2", "9", "9", "9", "9", "9", "9", "9"]
-        return [rf"\boxed{{{b}}}" for b in boxed], [2] * 12
+        # one call: per record its greedy answer first, then its 4 samples (one prefill per prompt)
+        assert kw["num_samples"] == 5 and kw["greedy_first"] and not kw["greedy"]
+        assert kw["temperature"] == 0.7 and kw["top_p"] == 0.9
+        # greedy: right, wrong, right; samples: record 0 right 3 of 4, record 1 right 1 of 4, record 2 0 of 4
+        boxed = ["1", "1", "1", "1", "9",   "0", "2", "9", "9", "9",   "3", "9", "9", "9", "9"]
+        return [rf"\boxed{{{b}}}" for b in boxed], [2, 5, 5, 5, 5] * 3
 
     monkeypatch.setattr(evaluation, "generate", fake_generate)
     records = [{"domain": "math", "answer": a} for a in ("1", "2", "3")]
     with VerifierPool(num_workers=0) as pool:
-        out = evaluation.evaluate(None, None, None, records, pool, batch_size=8, max_prompt_len=1, max_new_tokens=1,
+        out = evaluation.evaluate(None, None, None, records, pool, batch_size=16, max_prompt_len=1, max_new_tokens=1,
                                   rng=np.zeros(2, np.uint32), avg_k=4, temperature=0.7, top_p=0.9)
     assert out["pass@1"] == pytest.approx(2 / 3) and out["scores"] == [1.0, 0.0, 1.0]
+    assert out["mean_len"] == 2.0  # the greedy answers' lengths
     assert out["k"] == 4 and out["avg@k"] == pytest.approx((0.75 + 0.25 + 0.0) / 3)
     assert out["avg@k_ci95"] == pytest.approx(stats.mean_ci95([0.75, 0.25, 0.0]))
     assert out["avg@k_scores"] == [0.75, 0.25, 0.0]  # per record, in order: for paired comparisons
-    assert calls[1]["batch_size"] == 2  # 8 rows of the batch shared by 4 samples per record
+    assert len(calls) == 1 and calls[0]["batch_size"] == 3  # 16 rows shared by 1 + 4 answers per record
     assert out["verifier_errors"] == 0
 
 

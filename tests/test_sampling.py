@@ -133,6 +133,24 @@ def test_prefix_sharing_gives_the_tokens_of_repeated_prompts():
     assert len({tuple(r) for r in np.asarray(shared.tokens[:3]).tolist()}) > 1  # the G samples differ
 
 
+def test_greedy_first_row_is_the_greedy_answer_and_the_others_are_the_samples():
+    # evaluation's one-prefill greedy + avg@k: row 0 of each prompt's G equals greedy decoding of that prompt, and
+    # rows 1.. equal what sampling the prompt G times gives there (same key: the same uniforms per row)
+    params = _params()
+    toks = jnp.asarray([[0, 3, 4], [5, 6, 7]], jnp.int32)
+    lens = jnp.asarray([2, 3])
+    kw = dict(max_new_tokens=6, eos_id=-1, temperature=8.0)
+    mixed = sampling.sample(params, CFG, toks, lens, jax.random.key(5), num_samples=3, greedy_first=True, **kw)
+    greedy = sampling.sample(params, CFG, toks, lens, jax.random.key(5), greedy=True, **kw)
+    sampled = sampling.sample(params, CFG, toks, lens, jax.random.key(5), num_samples=3, **kw)
+    mixed_t, sampled_t = np.asarray(mixed.tokens), np.asarray(sampled.tokens)
+    assert mixed_t[0::3].tolist() == np.asarray(greedy.tokens).tolist()
+    keep = np.arange(6) % 3 != 0
+    assert mixed_t[keep].tolist() == sampled_t[keep].tolist()
+    assert mixed_t[0].tolist() != sampled_t[0].tolist()  # at T = 8 the sampled row 0 is not the greedy one
+    np.testing.assert_allclose(np.asarray(mixed.logprobs[0::3]), np.asarray(greedy.logprobs), atol=1e-5)
+
+
 def test_prefill_last_only_equals_last_column_of_full_logits():
     params = _params()
     toks = jnp.asarray([[0, 3, 4, 9], [5, 6, 7, 8]], jnp.int32)
