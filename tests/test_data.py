@@ -176,6 +176,14 @@ def test_generate_is_deterministic_with_unique_ids_and_word_problems():
         assert r["reasoning"].startswith(f"{x}{op}{y}: ")
 
 
+def test_instruction_is_appended_and_changes_nothing_else():
+    plain = dmath.generate(np.random.default_rng(4), 20, teacher_error_rate=0.6)
+    told = dmath.generate(np.random.default_rng(4), 20, teacher_error_rate=0.6, instruction="Box it.")
+    assert [r["prompt"] + " Box it." for r in plain] == [r["prompt"] for r in told]
+    drop = lambda r: {k: v for k, v in r.items() if k != "prompt"}  # noqa: E731
+    assert [drop(r) for r in plain] == [drop(r) for r in told]
+
+
 def test_family_weights_and_option_errors():
     ab = dmath.generate(np.random.default_rng(0), 30, families={"add": 1, "mul": 2})
     assert ab == dmath.generate(np.random.default_rng(0), 30, families={"mul": 2, "add": 1})

@@ -228,7 +228,7 @@ FAMILIES: dict[str, Callable] = {
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
              teacher_error_rate: float = 0.0, max_digits: int = 3, mul_digits: int = 2,
              word_digits: int = 2, allow_negative: bool = False,
-             families: dict[str, float] | None = None, test_every: int = 10) -> list[dict]:
+             families: dict[str, float] | None = None, test_every: int = 10, instruction: str = "") -> list[dict]:
     """``n`` math records (domains.py record contract), deterministic given ``rng`` and the options.
 
     Args:
@@ -242,6 +242,8 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         allow_negative: let ``sub`` produce ``a < b`` (negative results).
         families: family name -> sampling weight (default :data:`DEFAULT_FAMILIES`); the
             order of the dict does not matter.
+        instruction: appended to every prompt (after a space), e.g. the answer format a pretrained chat model
+            is asked for; "" (default) leaves prompts as they were.
     """
     families = DEFAULT_FAMILIES if families is None else families
     names, weights = family_weights(families, FAMILIES, "math")
@@ -271,7 +273,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         reasoning, result = solve(problem, forget_carry=forget)
         records.append({
             "domain": DOMAIN,
-            "prompt": prompt,
+            "prompt": f"{prompt} {instruction}" if instruction else prompt,
             "reasoning": prefix + reasoning,
             "response": response_text(result),
             "answer": str(problem.value),
