@@ -80,9 +80,11 @@ def test_export_writes_the_stage_params_and_the_training_chat_template(run, ours
         np.testing.assert_array_equal(tensors[name], x, err_msg=name)
     again = HFTokenizer.from_dir(run[1])  # tokenizer.json + tokenizer_config.json, as transformers reads them
     assert (again.eos_id, again.pad_id, again.vocab_size) == (tok.eos_id, tok.pad_id, tok.vocab_size)
-    for system in (None, "Be brief."):  # the run is non-thinking (smollm2_cascade: thinking=False)
+    thinking = json.load(open(os.path.join(run[0], "config.json")))["thinking"]
+    assert thinking  # smollm2_cascade trains the think block (its math traces go in it)
+    for system in (None, "Be brief."):  # the template the run trained with: its thinking mode
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": "7*6?"}]
-        assert again.apply_chat_template(messages) == chat.render_prompt("7*6?", thinking=False, system=system)
+        assert again.apply_chat_template(messages) == chat.render_prompt("7*6?", thinking=thinking, system=system)
     assert json.load(open(os.path.join(run[1], "generation_config.json"))) == {"eos_token_id": tok.eos_id,
                                                                                "pad_token_id": tok.pad_id}
 
@@ -99,7 +101,7 @@ def test_transformers_generates_our_greedy_tokens(run, ours):
     opts = run_cfg["data"]["domains"]["rg_arith"]["opts"]
     prompts = [r["prompt"] for r in domains.generate_split("rg_arith", "test", 4, run_cfg["seed"], **opts)]
 
-    toks, lens = pipeline.encode_prompts(tok, prompts, 160, thinking=False, bucket=sampling.PROMPT_BUCKET)
+    toks, lens = pipeline.encode_prompts(tok, prompts, 160, thinking=run_cfg["thinking"], bucket=sampling.PROMPT_BUCKET)
     out = sampling.sample(params, cfg, toks, lens, jax.random.key(0), max_new_tokens=MAX_NEW, eos_id=tok.eos_id,
                           pad_id=tok.pad_id, greedy=True)
     tokens, mask, lengths = np.asarray(out.tokens), np.asarray(out.mask), []
@@ -128,7 +130,7 @@ def test_bad_stage_or_workdir_is_named(run, tmp_path):
     with pytest.raises(BadInput) as err:
         export.export(run[0], "mopd", str(tmp_path / "x"))
     assert str(err.value) == (f"--stage=mopd: no checkpoint named 'stage:mopd'; known so far: ['stage:grpo_arith', "
-                              f"'best:rg_arith', 'best:rg_count'] (in {run[0]}/checkpoints/registry.json)")
+                              f"'best:math', 'best:rg_arith'] (in {run[0]}/checkpoints/registry.json)")
     with pytest.raises(BadInput, match=f"{tmp_path}/nowhere/config.json: no such file"):
         export.export(str(tmp_path / "nowhere"), "final", str(tmp_path / "x"))
     assert export.resolve_stage(run[0], "best:rg_arith") == "grpo_arith"
