@@ -201,7 +201,7 @@ def data_seed(cfg) -> int:
     data draw: the way to share a finished stage (e.g. seed 0's SFT) between seeds without a test item of one
     seed's draw in another's training split."""
     seed = cfg.data.get("seed", -1)
-    return cfg.seed if seed is None or seed < 0 else int(seed)
+    return cfg.seed if seed < 0 else int(seed)
 
 
 def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.RunContext:

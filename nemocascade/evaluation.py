@@ -82,16 +82,16 @@ def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_pro
     # with avg@k, each prompt is prefilled once for its greedy answer and its k samples (`greedy_first`): the
     # prefill is most of this evaluation's cost (short answers); batch_size // (k + 1) records a batch (>= 1)
     k = avg_k if avg_k > 0 and records else 0
-    per_batch = max(1, batch_size // (k + 1))
-    if mesh is not None and k:  # whole prompts per data-parallel shard, as far as the batch allows
-        shards = mesh.shape.get("data", 1) * mesh.shape.get("fsdp", 1)
+    G = k + 1
+    per_batch = max(1, batch_size // G)
+    if mesh is not None and k:  # whole prompts per batch shard (the mesh's "batch" axes), as far as it allows
+        shards = int(np.prod([mesh.shape[a] for a in mesh_lib.RULES["batch"]]))
         per_batch = per_batch - per_batch % shards if per_batch >= shards else per_batch
     texts, lengths = generate(params, model_cfg, tokenizer, records, batch_size=per_batch,
                               max_prompt_len=max_prompt_len, max_new_tokens=max_new_tokens, rng=rng,
                               thinking=thinking, greedy=k == 0, temperature=temperature, top_p=top_p,
-                              num_samples=k + 1, greedy_first=k > 0, mesh=mesh,
+                              num_samples=G, greedy_first=k > 0, mesh=mesh,
                               desc=desc and (f"{desc} greedy+avg@{k}" if k else desc))
-    G = k + 1
     all_scores, counts = score_texts(pool, texts, [r for r in records for _ in range(G)])
     by_record = np.asarray(all_scores, np.float64).reshape(len(records), G)
     scores, lengths = by_record[:, 0], lengths[::G]

@@ -101,7 +101,8 @@ def test_transformers_generates_our_greedy_tokens(run, ours):
     opts = run_cfg["data"]["domains"]["rg_arith"]["opts"]
     prompts = [r["prompt"] for r in domains.generate_split("rg_arith", "test", 4, run_cfg["seed"], **opts)]
 
-    toks, lens = pipeline.encode_prompts(tok, prompts, 160, thinking=run_cfg["thinking"], bucket=sampling.PROMPT_BUCKET)
+    toks, lens = pipeline.encode_prompts(tok, prompts, 160, thinking=run_cfg["thinking"],
+                                         bucket=sampling.PROMPT_BUCKET)
     out = sampling.sample(params, cfg, toks, lens, jax.random.key(0), max_new_tokens=MAX_NEW, eos_id=tok.eos_id,
                           pad_id=tok.pad_id, greedy=True)
     tokens, mask, lengths = np.asarray(out.tokens), np.asarray(out.mask), []
