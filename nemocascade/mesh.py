@@ -1,8 +1,9 @@
 """One device mesh for every role, and logical-axis sharding rules.
 
-The mesh has three named axes: `data` (pure data parallel), `fsdp` (data parallel with parameters
-sharded), `tensor` (Megatron-style model parallel). Parameters and activations name *logical* axes
-(see `models.transformer.param_axes`); `RULES` maps each logical axis to mesh axes. The policy, the
+The mesh has four named axes: `data` (pure data parallel), `fsdp` (data parallel with parameters
+sharded), `expert` (expert parallel: a mixture of experts' experts split across it; outside the expert layers it
+is one more data-parallel axis) and `tensor` (Megatron-style model parallel). Parameters and activations name
+*logical* axes (see `models.transformer.param_axes`); `RULES` maps each logical axis to mesh axes. The policy, the
 frozen reference and every teacher are placed with the same rules on the same mesh, so a teacher is just
 another pytree with the same shardings as the policy.
 
@@ -18,11 +19,12 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "expert", "tensor")
 
 # logical axis -> mesh axes (None = replicated). Activations use "batch".
 RULES: dict[str, tuple[str, ...] | None] = {
-    "batch": ("data", "fsdp"),
+    "batch": ("data", "fsdp", "expert"),
+    "experts": ("expert",),
     "vocab": ("tensor",),
     "embed": ("fsdp",),
     "heads": ("tensor",),
@@ -55,9 +57,9 @@ def make_mesh(shape: Mapping[str, int] | None = None, devices: Sequence[jax.Devi
                          f"have {len(devices)}")
     if len(devices) > 1 and jax.process_count() == 1:
         grid = np.asarray(devices).reshape(sizes)
-        return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
+        return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
     # multi-host / real accelerators: let JAX pick a topology-aware device order
-    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    return jax.make_mesh(tuple(sizes), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices)
 
 
 def logical_spec(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int], rules=RULES) -> PartitionSpec:
@@ -85,7 +87,7 @@ def tree_shardings(mesh: Mesh, axes_tree, shapes_tree, rules=RULES):
 
 
 def batch_sharding(mesh: Mesh, ndim: int, batch_size: int) -> NamedSharding:
-    """Leading (batch) dim over data x fsdp when divisible, the rest replicated."""
+    """Leading (batch) dim over the batch axes (data x fsdp x expert) when divisible, the rest replicated."""
     return NamedSharding(mesh, logical_spec(mesh, ("batch",) + (None,) * (ndim - 1),
                                             (batch_size,) + (1,) * (ndim - 1)))
 

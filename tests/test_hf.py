@@ -1,5 +1,5 @@
-"""HF checkpoints: our forward and KV-cache greedy decoding match transformers' Llama / Qwen2 / Qwen3 on tiny
-random models saved with `save_pretrained` (one sharded, one with tied embeddings, GQA with an explicit
+"""HF checkpoints: our forward and KV-cache greedy decoding match transformers' Llama / Qwen2 / Qwen3 / Qwen3-MoE on
+tiny random models saved with `save_pretrained` (one sharded, one with tied embeddings, GQA with an explicit
 head_dim); load -> save -> load is bitwise; transformers loads what we save; a mesh load places every
 tensor in its sharding with the same numbers; unsupported checkpoints fail naming the file and key."""
 import json
@@ -33,6 +33,10 @@ FAMILIES = {
     # QK-norm, tied embeddings, one kv head
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(num_key_value_heads=1, head_dim=16, tie_word_embeddings=True),
               {}),
+    # every MLP a mixture of 4 experts, 2 per token, renormalised top-k probabilities; saved one tensor per expert
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                  dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                       norm_topk_prob=True, router_aux_loss_coef=0.01), {}),
 }
 EXPECTED = {  # what config_from_hf must read, pinned by hand from the kwargs above
     "llama": dict(n_kv_heads=2, head_dim=12, norm_eps=1e-5, rope_theta=1e4, qkv_bias=False, qk_norm=False,
@@ -41,6 +45,8 @@ EXPECTED = {  # what config_from_hf must read, pinned by hand from the kwargs ab
                   tie_embeddings=False),
     "qwen3": dict(n_kv_heads=1, head_dim=16, norm_eps=1e-6, rope_theta=1e4, qkv_bias=False, qk_norm=True,
                   tie_embeddings=True),
+    "qwen3_moe": dict(n_kv_heads=2, head_dim=8, qkv_bias=False, qk_norm=True, tie_embeddings=False, n_experts=4,
+                      n_experts_per_tok=2, d_ff_expert=16, d_ff_shared=0, norm_topk_prob=True, router_aux_coef=0.01),
 }
 
 

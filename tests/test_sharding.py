@@ -1,10 +1,13 @@
-"""Sharding on 8 fake CPU devices: forward, loss and gradients on the (data, fsdp, tensor) mesh equal
-the single-device ones; policy, reference and teacher params live on the same mesh with the same
-shardings. Runs in a subprocess because the device count is fixed when JAX starts."""
+"""Sharding on 8 fake CPU devices: forward, loss and gradients on the (data, fsdp, tensor) mesh, and a mixture
+of experts' on the (fsdp, expert, tensor) mesh, equal the single-device ones; policy, reference and teacher params
+live on the same mesh with the same shardings. Runs in a subprocess because the device count is fixed when JAX
+starts."""
 import os
 import subprocess
 import sys
 import textwrap
+
+import pytest
 
 SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
@@ -12,10 +15,19 @@ SCRIPT = textwrap.dedent("""
     from nemocascade import losses, mesh as mesh_lib, sampling
     from nemocascade.models import ModelConfig, forward, init_params, init_sharded, param_shardings
 
+    import sys
     assert jax.device_count() == 8, jax.devices()
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64)
-    mesh = mesh_lib.make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    moe = sys.argv[1] == "moe"
+    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
+                      **(dict(n_experts=4, n_experts_per_tok=2, d_ff_expert=16, d_ff_shared=16, norm_topk_prob=True,
+                              router_aux_coef=0.01) if moe else {}))
+    axes = {"fsdp": 2, "expert": 2, "tensor": 2} if moe else {"data": 2, "fsdp": 2, "tensor": 2}
+    mesh = mesh_lib.make_mesh(axes)
+    batch_axes = ("fsdp", "expert") if moe else ("data", "fsdp")
+    mlp = "we_up" if moe else "w_up"
     shard = param_shardings(cfg, mesh)
+    if moe:  # each device holds half the experts
+        assert shard["layers"]["we_up"].spec == jax.sharding.PartitionSpec(None, "expert", "fsdp", "tensor")
 
     single = init_params(cfg, jax.random.key(0))
     policy = init_sharded(cfg, mesh, jax.random.key(0))
@@ -35,9 +47,9 @@ SCRIPT = textwrap.dedent("""
     tokens = rng.integers(1, 64, (8, 12)).astype(np.int32)
     mask = (rng.random((8, 11)) > 0.3).astype(np.float32)
 
-    def loss_fn(p, tokens, mask):
-        logits = forward(p, cfg, tokens[:, :-1])
-        return losses.token_cross_entropy(logits, tokens[:, 1:], mask)[0]
+    def loss_fn(p, tokens, mask):  # with experts, plus the load-balancing loss
+        logits, aux = forward(p, cfg, tokens[:, :-1], with_aux=True)
+        return losses.token_cross_entropy(logits, tokens[:, 1:], mask)[0] + cfg.router_aux_coef * aux
 
     def run(p, tokens, mask):
         return jax.jit(lambda p, t, m: (forward(p, cfg, t), *jax.value_and_grad(loss_fn)(p, t, m)))(p, tokens, mask)
@@ -45,7 +57,7 @@ SCRIPT = textwrap.dedent("""
     cpu0 = jax.devices()[0]
     ref = run(jax.device_put(single, cpu0), jax.device_put(tokens, cpu0), jax.device_put(mask, cpu0))
     batch = mesh_lib.shard_batch(mesh, {"tokens": tokens, "mask": mask})
-    assert batch["tokens"].sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"), None)
+    assert batch["tokens"].sharding.spec == jax.sharding.PartitionSpec(batch_axes, None)
     out = run(policy, batch["tokens"], batch["mask"])
 
     def rel(a, b):
@@ -56,7 +68,7 @@ SCRIPT = textwrap.dedent("""
     for g, gr in zip(jax.tree.leaves(out[2]), jax.tree.leaves(ref[2])):
         assert rel(g, gr) <= 1e-5, rel(g, gr)
     # gradients come back sharded like their parameters
-    assert out[2]["layers"]["w_up"].sharding.is_equivalent_to(shard["layers"]["w_up"], 3)
+    assert out[2]["layers"][mlp].sharding.is_equivalent_to(shard["layers"][mlp], out[2]["layers"][mlp].ndim)
 
     # the sampler on the mesh gives the same greedy tokens as on one device
     prompts = tokens[:, :5]
@@ -71,9 +83,12 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_sharded_forward_loss_grads_equal_single_device():
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_sharded_forward_loss_grads_equal_single_device(kind):
+    """dense: a (data, fsdp, tensor) mesh; moe: a mixture of experts on (fsdp, expert, tensor), experts split
+    over the expert axis, the loss with its load-balancing term."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=root, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, kind], env=env, cwd=root, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0 and "SHARDING-OK" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-5000:]

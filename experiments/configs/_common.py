@@ -14,7 +14,7 @@ def math_base(name: str) -> ml_collections.ConfigDict:
     c.name = name
     c.seed = 0
     c.thinking = True
-    c.mesh = dict(data=1, fsdp=-1, tensor=1)
+    c.mesh = dict(data=1, fsdp=-1, expert=1, tensor=1)
     # vocab_size comes from the trained tokenizer
     c.model = dict(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, head_dim=32, d_ff=384,
                    rope_theta=10_000.0, qk_norm=False, qkv_bias=False, tie_embeddings=True,

@@ -3,8 +3,8 @@ import jax
 
 from nemocascade import mesh as mesh_lib
 from nemocascade.models.transformer import (KVCache, ModelConfig, count_params, forward, forward_cached,
-                                            forward_hidden, head_logprobs, init_cache, init_params, param_axes,
-                                            param_shapes)
+                                            forward_hidden, head_logprobs, init_cache, init_params, lm_head,
+                                            param_axes, param_shapes)
 
 
 def param_shardings(cfg: ModelConfig, mesh):
@@ -18,4 +18,4 @@ def init_sharded(cfg: ModelConfig, mesh, rng):
 
 
 __all__ = ["KVCache", "ModelConfig", "count_params", "forward", "forward_cached", "forward_hidden", "head_logprobs",
-           "init_cache", "init_params", "init_sharded", "param_axes", "param_shapes", "param_shardings"]
+           "init_cache", "init_params", "init_sharded", "lm_head", "param_axes", "param_shapes", "param_shardings"]

@@ -1,4 +1,4 @@
-"""Hugging Face checkpoints in and out: Llama, Qwen2 and Qwen3 safetensors <-> our ModelConfig + params.
+"""Hugging Face checkpoints in and out: Llama, Qwen2, Qwen3 and Qwen3-MoE safetensors <-> our ModelConfig + params.
 
 `load(path, mesh)` reads `config.json` and `model.safetensors` (or the shards listed in
 `model.safetensors.index.json`) and returns `(ModelConfig, params)`. With a mesh every parameter is built
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 from collections.abc import Callable
@@ -36,12 +37,15 @@ from nemocascade import mesh as mesh_lib
 from nemocascade.models import param_shardings
 from nemocascade.models import transformer as tf
 
-# model_type -> (architecture class, qkv_bias, qk_norm). Everything else is shared by the three families.
+# model_type -> (architecture class, qkv_bias, qk_norm). Everything else is shared by the families; qwen3_moe is
+# qwen3 with every MLP a mixture of experts (MOE_FAMILIES).
 FAMILIES = {
     "llama": ("LlamaForCausalLM", False, False),
     "qwen2": ("Qwen2ForCausalLM", True, False),
     "qwen3": ("Qwen3ForCausalLM", False, True),
+    "qwen3_moe": ("Qwen3MoeForCausalLM", False, True),
 }
+MOE_FAMILIES = {"qwen3_moe"}
 DEFAULT_ROPE_THETA = 10_000.0  # transformers' `default_theta` for these families
 DEFAULT_RMS_EPS = 1e-6         # LlamaConfig / Qwen2Config / Qwen3Config default
 
@@ -65,7 +69,21 @@ TENSORS = {
     "w_gate": (_LAYER + "mlp.gate_proj.weight", "T"),
     "w_up": (_LAYER + "mlp.up_proj.weight", "T"),
     "w_down": (_LAYER + "mlp.down_proj.weight", "T"),
+    # mixture of experts (Qwen3-MoE as saved on the Hub: one tensor per expert; "{e}" the expert index)
+    "router": (_LAYER + "mlp.gate.weight", "T"),
+    "we_gate": (_LAYER + "mlp.experts.{e}.gate_proj.weight", "T"),
+    "we_up": (_LAYER + "mlp.experts.{e}.up_proj.weight", "T"),
+    "we_down": (_LAYER + "mlp.experts.{e}.down_proj.weight", "T"),
 }
+_STACK = (("i", "{i}"), ("e", "{e}"))  # the leading axes of a stacked leaf, in order: layers, then experts
+
+
+def _stacking(template: str) -> list[str]:
+    return [axis for axis, placeholder in _STACK if placeholder in template]
+
+
+def _counts(cfg) -> dict[str, int]:
+    return {"i": cfg.n_layers, "e": cfg.n_experts}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -105,6 +123,20 @@ def config_from_hf(hf: dict, param_dtype: str = "float32", where: str = "config.
     for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"):
         if key not in hf:
             raise ValueError(f"{where}: missing key {key!r}")
+    moe = {}
+    if kind in MOE_FAMILIES:
+        if "num_experts" not in hf and "num_local_experts" in hf:  # transformers 5 saves it under this name
+            hf = {**hf, "num_experts": hf["num_local_experts"]}
+        for key in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            if key not in hf:
+                raise ValueError(f"{where}: missing key {key!r}")
+        if hf.get("decoder_sparse_step", 1) != 1 or hf.get("mlp_only_layers"):
+            raise ValueError(f"{where}: decoder_sparse_step={hf.get('decoder_sparse_step')} / mlp_only_layers="
+                             f"{hf.get('mlp_only_layers')} (dense layers between sparse ones) are not supported; "
+                             "every layer must be a mixture of experts")
+        moe = dict(n_experts=hf["num_experts"], n_experts_per_tok=hf["num_experts_per_tok"],
+                   d_ff_expert=hf["moe_intermediate_size"], norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+                   router_aux_coef=float(hf.get("router_aux_loss_coef", 0.001)))
     n_heads = hf["num_attention_heads"]
     return tf.ModelConfig(
         vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=hf["num_hidden_layers"],
@@ -112,16 +144,23 @@ def config_from_hf(hf: dict, param_dtype: str = "float32", where: str = "config.
         head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads, d_ff=hf["intermediate_size"],
         rope_theta=_rope_theta(hf, where), norm_eps=float(hf.get("rms_norm_eps", DEFAULT_RMS_EPS)),
         qk_norm=qk_norm, qkv_bias=qkv_bias, tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        dtype="auto", param_dtype=param_dtype, init_std=float(hf.get("initializer_range", 0.02)))
+        dtype="auto", param_dtype=param_dtype, init_std=float(hf.get("initializer_range", 0.02)), **moe)
 
 
 def config_to_hf(cfg: tf.ModelConfig) -> dict:
-    """The config.json of `cfg`: qk_norm -> qwen3, qkv_bias -> qwen2, neither -> llama."""
-    kinds = [k for k, (_, bias, norm) in FAMILIES.items() if (bias, norm) == (cfg.qkv_bias, cfg.qk_norm)]
+    """The config.json of `cfg`: qk_norm -> qwen3 (qwen3_moe with experts), qkv_bias -> qwen2, neither -> llama."""
+    kinds = [k for k, (_, bias, norm) in FAMILIES.items()
+             if (bias, norm) == (cfg.qkv_bias, cfg.qk_norm) and (k in MOE_FAMILIES) == cfg.moe]
     if not kinds:
-        raise ValueError("no HF family has both qkv_bias and qk_norm (Qwen3's attention_bias also biases o_proj)")
+        raise ValueError("no HF family has both qkv_bias and qk_norm (Qwen3's attention_bias also biases o_proj)"
+                         if not cfg.moe else "a mixture of experts exports as qwen3_moe only: qk_norm and no qkv_bias")
+    if cfg.d_ff_shared:
+        raise ValueError("qwen3_moe has no shared expert: model.d_ff_shared must be 0 to export")
     kind = kinds[0]
-    return {
+    moe = dict(num_experts=cfg.n_experts, num_experts_per_tok=cfg.n_experts_per_tok,
+               moe_intermediate_size=cfg.d_ff_expert, norm_topk_prob=cfg.norm_topk_prob,
+               router_aux_loss_coef=cfg.router_aux_coef, decoder_sparse_step=1, mlp_only_layers=[]) if cfg.moe else {}
+    return moe | {
         "architectures": [FAMILIES[kind][0]], "model_type": kind, "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model, "intermediate_size": cfg.d_ff, "num_hidden_layers": cfg.n_layers,
         "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
@@ -139,9 +178,14 @@ def config_to_hf(cfg: tf.ModelConfig) -> dict:
 def hf_names(cfg: tf.ModelConfig) -> list[str]:
     """Every HF tensor name the params of `cfg` come from."""
     shapes = tf.param_shapes(cfg)
-    names = [TENSORS[n][0] for n in shapes if n != "layers"]
-    layer = [TENSORS[n][0] for n in shapes["layers"]]
-    return names + [t.format(i=i) for i in range(cfg.n_layers) for t in layer]
+    return [name for leaf in [*(n for n in shapes if n != "layers"), *shapes["layers"]]
+            for name in _stacked_names(cfg, TENSORS[leaf][0])]
+
+
+def _stacked_names(cfg, template: str) -> list[str]:
+    """Every HF tensor of one leaf, in the order of its stacking axes (layers, then experts)."""
+    axes, counts = _stacking(template), _counts(cfg)
+    return [template.format(**dict(zip(axes, ix))) for ix in itertools.product(*(range(counts[a]) for a in axes))]
 
 
 def _bounds(s: slice, n: int) -> tuple[int, int]:
@@ -200,24 +244,24 @@ def from_hf_tensors(cfg: tf.ModelConfig, get: Callable[[str], tuple[object, tupl
 
     def leaf(name: str, shape: tuple[int, ...], sharding):
         template, kind = TENSORS[name]
-        stacked = "{i}" in template
-        names = [template.format(i=i) for i in range(cfg.n_layers)] if stacked else [template]
-        per = shape[1:] if stacked else shape
-        for n in names:  # check every tensor's presence and shape before reading any of them
+        axes = _stacking(template)  # leading axes stacked from one HF tensor each (layers, experts)
+        per = shape[len(axes):]
+        for n in _stacked_names(cfg, template):  # check every tensor's presence and shape before reading any
             got = tuple(get(n)[1])
             if got != _hf_shape(kind, per):
                 raise ValueError(f"tensor {n!r} has shape {got}, expected {_hf_shape(kind, per)} for {cfg}")
         cache = {}
 
+        def read(prefix, ranges, index):
+            if not ranges:
+                return _read(get(template.format(**dict(zip(axes, prefix))))[0], kind, index, per)
+            return np.stack([read(prefix + (j,), ranges[1:], index) for j in range(*ranges[0])])
+
         def block(index):
             # devices that replicate a dim ask for the same block: read it once
             key = tuple(_bounds(s, n) for s, n in zip(index, shape))
             if key not in cache:
-                if stacked:
-                    parts = [_read(get(names[i])[0], kind, index[1:], per) for i in range(*key[0])]
-                    cache[key] = np.stack(parts).astype(dtype)
-                else:
-                    cache[key] = _read(get(names[0])[0], kind, index, per).astype(dtype)
+                cache[key] = read((), key[:len(axes)], index[len(axes):]).astype(dtype)
             return cache[key]
 
         if sharding is None:
@@ -306,8 +350,9 @@ def to_hf_tensors(config: tf.ModelConfig, params) -> dict[str, np.ndarray]:
         items = sub.items() if top == "layers" else [(top, sub)]
         for name, value in items:
             template, kind = TENSORS[name]
-            stacked = np.asarray(value) if top == "layers" else np.asarray(value)[None]
-            for i, x in enumerate(stacked):
+            axes, value = _stacking(template), np.asarray(value)
+            for ix in np.ndindex(value.shape[:len(axes)]):
+                x = value[ix]
                 shape = x.shape
                 if kind == "T":
                     y = x.T
@@ -319,7 +364,7 @@ def to_hf_tensors(config: tf.ModelConfig, params) -> dict[str, np.ndarray]:
                     y = x.reshape(-1)
                 else:
                     y = x
-                out[template.format(i=i)] = np.ascontiguousarray(y)
+                out[template.format(**dict(zip(axes, ix)))] = np.ascontiguousarray(y)
     return out
 
 

@@ -13,8 +13,10 @@ the sampled tokens' log-probs). Parameters of all layers are stacked on a leadin
 with `lax.scan`, which keeps compile time flat in depth.
 
 Pieces: RMSNorm, rotary embeddings (HF "rotate half" convention, configurable theta), grouped-query
-attention, SwiGLU MLP, optional QK-norm (Qwen3), optional q/k/v bias (Qwen2), optional tied embeddings,
-and a `head_dim` that need not equal d_model / n_heads.
+attention, SwiGLU MLP or a mixture of SwiGLU experts (Qwen3-MoE: softmax top-k router, dropless grouped
+matmuls, optional shared expert, the load-balancing loss from `forward(..., with_aux=True)`), optional QK-norm
+(Qwen3), optional q/k/v bias (Qwen2), optional tied embeddings, and a `head_dim` that need not equal
+d_model / n_heads.
 
 Every parameter carries *logical* axis names (`param_axes`); `nemocascade.mesh` maps them to mesh axes.
 Masking follows left padding: `valid[b, t]` marks real tokens, padded keys are never attended to.
@@ -56,11 +58,29 @@ class ModelConfig:
     param_dtype: str = "float32"
     init_std: float = 0.02
     remat: bool = False  # rematerialise each layer in the backward pass (memory for compute)
+    # mixture of experts (Qwen3-MoE): n_experts > 0 replaces every layer's MLP by n_experts routed SwiGLU experts of
+    # width d_ff_expert, n_experts_per_tok of them per token (softmax router, top-k, dropless), plus an always-on
+    # shared expert of width d_ff_shared (0: none)
+    n_experts: int = 0
+    n_experts_per_tok: int = 0
+    d_ff_expert: int = 0
+    d_ff_shared: int = 0
+    norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
+    router_aux_coef: float = 0.0  # weight of the load-balancing loss (Switch) in every training loss
+
+    @property
+    def moe(self) -> bool:
+        return self.n_experts > 0
 
     def __post_init__(self):
         for key in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "head_dim", "d_ff"):
             if int(getattr(self, key)) <= 0:
                 raise ValueError(f"model.{key} must be positive, got {getattr(self, key)!r}")
+        if self.n_experts < 0 or (self.n_experts and not 1 <= self.n_experts_per_tok <= self.n_experts):
+            raise ValueError(f"model.n_experts_per_tok={self.n_experts_per_tok} must be in [1, model.n_experts="
+                             f"{self.n_experts}] (n_experts 0: a dense MLP)")
+        if self.n_experts and self.d_ff_expert <= 0:
+            raise ValueError(f"model.d_ff_expert must be positive with model.n_experts={self.n_experts}")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
@@ -90,10 +110,17 @@ def param_axes(cfg: ModelConfig) -> Params:
         "wv": ("layers", "embed", "kv_heads", "head_dim"),
         "wo": ("layers", "heads", "head_dim", "embed"),
         "mlp_norm": ("layers", "norm"),
-        "w_gate": ("layers", "embed", "mlp"),
-        "w_up": ("layers", "embed", "mlp"),
-        "w_down": ("layers", "mlp", "embed"),
     }
+    if cfg.moe:  # routed experts on the mesh's expert axis; the router's expert dim is replicated
+        layer |= {"router": ("layers", "embed", None),
+                  "we_gate": ("layers", "experts", "embed", "mlp"), "we_up": ("layers", "experts", "embed", "mlp"),
+                  "we_down": ("layers", "experts", "mlp", "embed")}
+        if cfg.d_ff_shared:
+            layer |= {"ws_gate": ("layers", "embed", "mlp"), "ws_up": ("layers", "embed", "mlp"),
+                      "ws_down": ("layers", "mlp", "embed")}
+    else:
+        layer |= {"w_gate": ("layers", "embed", "mlp"), "w_up": ("layers", "embed", "mlp"),
+                  "w_down": ("layers", "mlp", "embed")}
     if cfg.qkv_bias:
         layer |= {"bq": ("layers", "heads", "head_dim"), "bk": ("layers", "kv_heads", "head_dim"),
                   "bv": ("layers", "kv_heads", "head_dim")}
@@ -109,8 +136,14 @@ def param_shapes(cfg: ModelConfig) -> Params:
     L, D, H, K, Dh, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                             cfg.d_ff, cfg.vocab_size)
     layer = {"attn_norm": (L, D), "wq": (L, D, H, Dh), "wk": (L, D, K, Dh), "wv": (L, D, K, Dh),
-             "wo": (L, H, Dh, D), "mlp_norm": (L, D), "w_gate": (L, D, F), "w_up": (L, D, F),
-             "w_down": (L, F, D)}
+             "wo": (L, H, Dh, D), "mlp_norm": (L, D)}
+    if cfg.moe:
+        E, Fe, Fs = cfg.n_experts, cfg.d_ff_expert, cfg.d_ff_shared
+        layer |= {"router": (L, D, E), "we_gate": (L, E, D, Fe), "we_up": (L, E, D, Fe), "we_down": (L, E, Fe, D)}
+        if Fs:
+            layer |= {"ws_gate": (L, D, Fs), "ws_up": (L, D, Fs), "ws_down": (L, Fs, D)}
+    else:
+        layer |= {"w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D)}
     if cfg.qkv_bias:
         layer |= {"bq": (L, H, Dh), "bk": (L, K, Dh), "bv": (L, K, Dh)}
     if cfg.qk_norm:
@@ -136,7 +169,7 @@ def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
         elif name.startswith("b"):
             leaves.append(jnp.zeros(shape, dtype))
         else:
-            std = cfg.init_std / ((2 * cfg.n_layers) ** 0.5 if name in ("wo", "w_down") else 1.0)
+            std = cfg.init_std / ((2 * cfg.n_layers) ** 0.5 if name in ("wo", "w_down", "we_down", "ws_down") else 1.0)
             leaves.append((std * jax.random.normal(key, shape, jnp.float32)).astype(dtype))
     return jax.tree.unflatten(treedef, leaves)
 
@@ -181,6 +214,65 @@ def attention(q, k, v, mask):
     return out.reshape(B, T, H, Dh)
 
 
+def swiglu(x, w_gate, w_up, w_down):
+    """SwiGLU MLP: silu(x w_gate) * (x w_up), then w_down. x [B, T, D]."""
+    gate = jnp.einsum("btd,df->btf", x, w_gate)
+    up = jnp.einsum("btd,df->btf", x, w_up)
+    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w_down)
+
+
+class RouterStats(NamedTuple):
+    """Sums over layers and real tokens that the load-balancing loss needs (`load_balancing_loss`):
+    top-k assignments per expert, router probability per expert, and rows (tokens x layers)."""
+    counts: jax.Array  # [E]
+    probs: jax.Array   # [E]
+    rows: jax.Array    # []
+
+
+def moe(cfg: ModelConfig, x, p, dt, tok_valid):
+    """Routed SwiGLU experts, dropless: every token reaches its top `n_experts_per_tok` experts (softmax router in
+    float32; with `norm_topk_prob` the chosen probabilities renormalised), as a grouped matmul over the
+    (token, expert) pairs sorted by expert (`lax.ragged_dot`), plus the shared expert. x [B, T, D];
+    tok_valid [B, T] bool marks the tokens the router statistics count. Returns (out [B, T, D], RouterStats)."""
+    B, T, D = x.shape
+    E, k = cfg.n_experts, cfg.n_experts_per_tok
+    flat = x.reshape(B * T, D)
+    logits = jnp.einsum("nd,de->ne", flat, p["router"].astype(dt), preferred_element_type=jnp.float32)
+    probs = jax.nn.softmax(logits, axis=-1)
+    top_p, top_e = jax.lax.top_k(probs, k)  # [N, k]
+    if cfg.norm_topk_prob:
+        top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+    expert = top_e.reshape(-1)  # the N*k (token, expert) pairs, token-major
+    order = jnp.argsort(expert, stable=True)
+    token = order // k
+    sizes = jnp.bincount(expert, length=E).astype(jnp.int32)
+    xs = flat[token]
+    gate = jax.lax.ragged_dot(xs, p["we_gate"].astype(dt), sizes)
+    up = jax.lax.ragged_dot(xs, p["we_up"].astype(dt), sizes)
+    ys = jax.lax.ragged_dot(jax.nn.silu(gate) * up, p["we_down"].astype(dt), sizes)
+    ys = ys * top_p.reshape(-1)[order][:, None].astype(ys.dtype)
+    out = jnp.zeros_like(flat).at[token].add(ys).reshape(B, T, D)
+    if cfg.d_ff_shared:
+        out = out + swiglu(x, p["ws_gate"].astype(dt), p["ws_up"].astype(dt), p["ws_down"].astype(dt))
+    w = tok_valid.reshape(-1).astype(jnp.float32)
+    stats = RouterStats(jnp.zeros((E,), jnp.float32).at[expert].add(jnp.repeat(w, k)),
+                        jnp.sum(probs * w[:, None], axis=0), jnp.sum(w))
+    return out, stats
+
+
+def load_balancing_loss(cfg: ModelConfig, stats: RouterStats):
+    """Switch Transformer's auxiliary loss over all layers, as transformers' Qwen3-MoE computes it:
+    n_experts * sum_e (top-k assignments to e / rows) * (router probability of e / rows): k when the load is
+    spread evenly, up to n_experts * k when one expert takes every token with probability 1."""
+    rows = jnp.maximum(stats.rows, 1.0)
+    return cfg.n_experts * jnp.sum((stats.counts / rows) * (stats.probs / rows))
+
+
+def _no_stats(cfg: ModelConfig) -> RouterStats:
+    z = jnp.zeros((cfg.n_experts,), jnp.float32)
+    return RouterStats(z, z, jnp.zeros((), jnp.float32))
+
+
 class KVCache(NamedTuple):
     """Per-layer keys/values for `max_len` slots and which slots hold real tokens.
 
@@ -198,10 +290,10 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
     return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, max_len), bool))
 
 
-def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None):
+def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None, tok_valid=None):
     """One pre-norm block. With `kv` = (all layers' cached k, v, this layer's index), writes the new
     keys/values at slot `start` and attends over the first S cached slots (S = mask.shape[-1]); returns
-    (x, (k_cache, v_cache)).
+    (x, (k_cache, v_cache), router statistics (None for a dense MLP)).
     The cache is updated in place (a loop-carried dynamic_update_slice), never copied per step."""
     dt = jnp.dtype(cfg.dtype)
     w = lambda name: p[name].astype(dt)  # noqa: E731  (cast params to the compute dtype)
@@ -226,27 +318,33 @@ def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None):
         k, v, kv = visible(ck), visible(cv), (ck, cv)
     x = x + jnp.einsum("bthk,hkd->btd", attention(q, k, v, mask), w("wo"))
     h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
-    gate = jnp.einsum("btd,df->btf", h, w("w_gate"))
-    up = jnp.einsum("btd,df->btf", h, w("w_up"))
-    x = x + jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w("w_down"))
-    return x, kv
+    if cfg.moe:
+        out, stats = moe(cfg, h, p, dt, tok_valid)
+        return x + out, kv, stats
+    return x + swiglu(h, w("w_gate"), w("w_up"), w("w_down")), kv, None
 
 
-def _decoder(params: Params, cfg: ModelConfig, tokens, positions, mask, kv=None, start=0):
+def _decoder(params: Params, cfg: ModelConfig, tokens, positions, mask, kv=None, start=0, tok_valid=None):
     """The shared body: embed, every layer (one `lax.scan`), final norm. Returns the normed hidden state
-    [B, T, d_model] and, with `kv` = (k_cache, v_cache), the updated caches (None without)."""
+    [B, T, d_model], with `kv` = (k_cache, v_cache) the updated caches (None without), and the router
+    statistics summed over layers (None for a dense model); `tok_valid` [B, T] marks the tokens they count."""
     x = params["embed"].astype(jnp.dtype(cfg.dtype))[tokens]
+    if tok_valid is None:
+        tok_valid = jnp.ones(tokens.shape, bool)
 
     def body(carry, xs):
-        x, kv = carry
+        x, kv, stats = carry
         p, layer = xs
-        x, kv = _layer(cfg, x, p, positions, mask, None if kv is None else (*kv, layer), start)
-        return (x, kv), None
+        x, kv, new = _layer(cfg, x, p, positions, mask, None if kv is None else (*kv, layer), start, tok_valid)
+        if new is not None:
+            stats = jax.tree.map(jnp.add, stats, new)
+        return (x, kv, stats), None
 
     if cfg.remat:
         body = jax.checkpoint(body, prevent_cse=False)
-    (x, kv), _ = jax.lax.scan(body, (x, kv), (params["layers"], jnp.arange(cfg.n_layers)))
-    return rms_norm(x, params["final_norm"], cfg.norm_eps), kv
+    stats = _no_stats(cfg) if cfg.moe else None
+    (x, kv, stats), _ = jax.lax.scan(body, (x, kv, stats), (params["layers"], jnp.arange(cfg.n_layers)))
+    return rms_norm(x, params["final_norm"], cfg.norm_eps), kv, stats
 
 
 def lm_head(params: Params, cfg: ModelConfig, h):
@@ -255,9 +353,11 @@ def lm_head(params: Params, cfg: ModelConfig, h):
     return jnp.einsum("btd,dv->btv", h, head.astype(jnp.dtype(cfg.dtype)), preferred_element_type=jnp.float32)
 
 
-def forward_hidden(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None, segment_ids=None):
+def forward_hidden(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None, segment_ids=None,
+                   with_aux: bool = False):
     """The final normed hidden state [B, T, d_model] of `tokens` [B, T]: `forward` without the LM head
-    (for scalar heads, e.g. the reward model). Arguments as `forward`."""
+    (for scalar heads, e.g. the reward model). Arguments as `forward`; `with_aux`: (hidden, load-balancing loss
+    over the valid tokens; 0 for a dense model)."""
     B, T = tokens.shape
     if positions is None:
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
@@ -266,10 +366,15 @@ def forward_hidden(params: Params, cfg: ModelConfig, tokens, positions=None, val
     mask = jnp.tril(jnp.ones((T, T), bool))[None] & valid[:, None, :]
     if segment_ids is not None:
         mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids > 0)[:, None, :]
-    return _decoder(params, cfg, tokens, positions, mask)[0]
+        valid = valid & (segment_ids > 0)
+    h, _, stats = _decoder(params, cfg, tokens, positions, mask, tok_valid=valid)
+    if not with_aux:
+        return h
+    return h, (load_balancing_loss(cfg, stats) if cfg.moe else jnp.zeros((), jnp.float32))
 
 
-def forward(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None, segment_ids=None):
+def forward(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None, segment_ids=None,
+            with_aux: bool = False):
     """Logits for `tokens` [B, T] (float32 [B, T, vocab]).
 
     positions: rotary positions [B, T] (default 0..T-1). With left padding pass
@@ -278,7 +383,11 @@ def forward(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None
     segment_ids: [B, T] int for packed rows (several sequences per row, pipeline.sft_dataset(pack=True)):
         a token attends only to earlier tokens of its own segment; segment 0 is padding. Pass each
         segment's own `positions` (0 at its first token).
+    with_aux: return (logits, load-balancing loss) (`forward_hidden`).
     """
+    if with_aux:
+        h, aux = forward_hidden(params, cfg, tokens, positions, valid, segment_ids, with_aux=True)
+        return lm_head(params, cfg, h), aux
     return lm_head(params, cfg, forward_hidden(params, cfg, tokens, positions, valid, segment_ids))
 
 
@@ -323,7 +432,7 @@ def forward_cached(params: Params, cfg: ModelConfig, tokens, positions, valid, c
     slots = jnp.arange(seen or cache.valid.shape[1])
     query_slots = start + jnp.arange(T)
     mask = (slots[None, :] <= query_slots[:, None])[None] & kv_valid[:, None, :slots.shape[0]]
-    h, (k, v) = _decoder(params, cfg, tokens, positions, mask, (cache.k, cache.v), start)
+    h, (k, v), _ = _decoder(params, cfg, tokens, positions, mask, (cache.k, cache.v), start, valid)
     return lm_head(params, cfg, h[:, -1:] if last_only else h), KVCache(k, v, kv_valid)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import optax
 
 from nemocascade import losses, optim
-from nemocascade.models import forward, forward_hidden, head_logprobs
+from nemocascade.models import forward, forward_hidden, head_logprobs, lm_head
 from nemocascade.rl import filters
 from nemocascade.rl.rollouts import trim_columns
 
@@ -106,14 +106,15 @@ def token_outputs(params, model_cfg, batch, full_logits: bool = False) -> dict:
     (models.head_logprobs): [N, T, V] is never built, in the forward pass or the backward."""
     targets = batch["tokens"][:, 1:]
     chunk = 0 if full_logits else logit_chunk(batch, model_cfg.vocab_size)
+    h, aux = forward_hidden(params, model_cfg, *_inputs(batch), with_aux=True)
+    moe = {"router_aux": aux} if model_cfg.moe else {}  # the load-balancing loss over the batch's real tokens
     if chunk:
-        logp, entropy = head_logprobs(params, model_cfg, forward_hidden(params, model_cfg, *_inputs(batch)), targets,
-                                      chunk)
-        return {"logp": logp, "entropy": entropy}
-    logits = _next_token_logits(params, model_cfg, batch)
+        logp, entropy = head_logprobs(params, model_cfg, h, targets, chunk)
+        return {"logp": logp, "entropy": entropy} | moe
+    logits = lm_head(params, model_cfg, h)
     out = {"logp": losses.token_logprobs(logits, targets),
            "entropy": jax.lax.stop_gradient(losses.token_entropy(logits))}
-    return out | ({"logits": logits} if full_logits else {})
+    return out | moe | ({"logits": logits} if full_logits else {})
 
 
 def _sampled_logp(model_cfg, params, batch):
@@ -161,7 +162,13 @@ def policy_update(state, batch, *, model_cfg, tx, objective, micro_batches: int 
         x = {**b, **token_outputs(merged(params), model_cfg, b, full_logits=objective.reads_logits)}
         values, metrics = objective.term_losses(x, normalizer, n_tok)
         metrics |= {f"term/{k}": v for k, v in values.items()} | _diagnostics(x, n_tok, domains, domain_tokens)
-        return {k: weights[k] * v for k, v in values.items()}, metrics
+        weighted = {k: weights[k] * v for k, v in values.items()}
+        if "router_aux" in x:  # a mixture of experts: the load-balancing loss rides on the first term (one per
+            # micro-batch, each the mean over its own tokens: averaged), so a split-terms chain sums it in too
+            first = next(iter(weighted))
+            weighted[first] = weighted[first] + model_cfg.router_aux_coef * x["router_aux"] / micro_batches
+            metrics["router_aux"] = x["router_aux"] / micro_batches
+        return weighted, metrics
 
     def grads_of(b):
         if split_terms:

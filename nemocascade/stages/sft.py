@@ -62,8 +62,11 @@ def sft_step(state: train_state.TrainState, batch, *, model_cfg, tx, merged=lamb
         packed = {}
         if "segment_ids" in batch:
             packed = dict(positions=batch["positions"][:, :-1], segment_ids=batch["segment_ids"][:, :-1])
-        logits = forward(merged(params), model_cfg, tokens[:, :-1], **packed)
-        return losses.token_cross_entropy(logits, tokens[:, 1:], batch["loss_mask"][:, 1:])
+        logits, aux = forward(merged(params), model_cfg, tokens[:, :-1], **packed, with_aux=True)
+        loss, metrics = losses.token_cross_entropy(logits, tokens[:, 1:], batch["loss_mask"][:, 1:])
+        if model_cfg.moe:  # a mixture of experts: plus the load-balancing loss (0 weight: logged only)
+            return loss + model_cfg.router_aux_coef * aux, metrics | {"router_aux": aux}
+        return loss, metrics
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
