@@ -16,7 +16,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from nemocascade.models.transformer import KVCache, ModelConfig, forward_cached, init_cache, left_pad_positions
+from nemocascade.models.transformer import ModelConfig, forward_cached, init_cache, left_pad_positions
 
 
 PROMPT_BUCKET = 32  # callers pad a batch's prompts to a multiple of this (pipeline.encode_prompts(bucket=)), not
@@ -98,7 +98,7 @@ def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new
     logits, cache = forward_cached(params, cfg, prompt_tokens, left_pad_positions(valid0), valid0, cache, 0,
                                    last_only=True, seen=prompt_len)
     share = lambda x, axis: jnp.repeat(x, G, axis=axis) if G > 1 else x  # noqa: E731  (rows of a prompt adjacent)
-    cache = KVCache(share(cache.k, 1), share(cache.v, 1), share(cache.valid, 0))
+    cache = cache.repeat_rows(G)
     prompts, lens = share(prompt_tokens, 0), share(lens0, 0)
     B = B0 * G
     argmax_row = jnp.arange(B) % G == 0 if greedy_first else None

@@ -1,7 +1,7 @@
-"""HF checkpoints: our forward and KV-cache greedy decoding match transformers' Llama / Qwen2 / Qwen3 / Qwen3-MoE on
-tiny random models saved with `save_pretrained` (one sharded, one with tied embeddings, GQA with an explicit
-head_dim); load -> save -> load is bitwise; transformers loads what we save; a mesh load places every
-tensor in its sharding with the same numbers; unsupported checkpoints fail naming the file and key."""
+"""HF checkpoints: our forward and KV-cache greedy decoding match transformers' Llama / Qwen2 / Qwen3 / Qwen3-MoE and
+Nemotron-H (Mamba-2 + attention + MoE) on tiny random models saved with `save_pretrained` (one sharded, one with tied
+embeddings, GQA with an explicit head_dim); load -> save -> load is bitwise; transformers loads what we save; a mesh
+load places every tensor in its sharding with the same numbers; unsupported checkpoints fail naming the file and key."""
 import json
 import os
 import shutil
@@ -37,6 +37,15 @@ FAMILIES = {
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
                   dict(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
                        norm_topk_prob=True, router_aux_loss_coef=0.01), {}),
+    # hybrid (Nemotron-H): Mamba-2, MoE (sigmoid router, 2 groups, shared expert), attention without rotary
+    # embeddings, relu2 MLP, Mamba-2 again; scan chunks of 4 so an 11-token sequence spans three of them
+    "nemotron_h": ("NemotronHConfig", "NemotronHForCausalLM",
+                   dict(layers_block_type=["linear_attention", "moe", "full_attention", "mlp", "linear_attention"],
+                        num_hidden_layers=None, num_key_value_heads=2, head_dim=8, mamba_num_heads=4,
+                        mamba_head_dim=8, ssm_state_size=8, n_groups=2, conv_kernel=4, chunk_size=4,
+                        n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+                        moe_shared_expert_intermediate_size=16, n_group=2, topk_group=1, routed_scaling_factor=1.5),
+                   {}),
 }
 EXPECTED = {  # what config_from_hf must read, pinned by hand from the kwargs above
     "llama": dict(n_kv_heads=2, head_dim=12, norm_eps=1e-5, rope_theta=1e4, qkv_bias=False, qk_norm=False,
@@ -47,16 +56,23 @@ EXPECTED = {  # what config_from_hf must read, pinned by hand from the kwargs ab
                   tie_embeddings=True),
     "qwen3_moe": dict(n_kv_heads=2, head_dim=8, qkv_bias=False, qk_norm=True, tie_embeddings=False, n_experts=4,
                       n_experts_per_tok=2, d_ff_expert=16, d_ff_shared=0, norm_topk_prob=True, router_aux_coef=0.01),
+    "nemotron_h": dict(layer_pattern="ME*-M", n_layers=5, rope=False, mlp_act="relu2", router="sigmoid",
+                       n_experts=4, n_expert_groups=2, topk_groups=1, routed_scaling=1.5, d_ff_shared=16,
+                       mamba_heads=4, mamba_head_dim=8, ssm_state=8, mamba_groups=2, mamba_chunk=4, norm_eps=1e-5),
 }
 
 
 def _hf_model(family, seed=0):
     cfg_cls, model_cls, kw, _ = FAMILIES[family]
     torch.manual_seed(seed)
-    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**COMMON, **kw)).eval()
+    kw = {k: v for k, v in (COMMON | kw).items() if v is not None}
+    model = getattr(transformers, model_cls)(getattr(transformers, cfg_cls)(**kw)).eval()
     with torch.no_grad():  # norms away from 1 and weights large enough that logits spread over a few units
         for name, p in model.named_parameters():
             p.copy_(1 + 0.2 * torch.randn_like(p) if "norm" in name else 0.2 * torch.randn_like(p))
+        for name, b in model.named_buffers():  # the MoE router's selection bias (Nemotron-H)
+            if "e_score_correction_bias" in name:
+                b.copy_(0.1 * torch.randn_like(b))
     return model
 
 

@@ -34,7 +34,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from nemocascade import mesh as mesh_lib
-from nemocascade.models import param_shardings
+from nemocascade.models import hybrid, param_shardings
 from nemocascade.models import transformer as tf
 
 # model_type -> (architecture class, qkv_bias, qk_norm). Everything else is shared by the families; qwen3_moe is
@@ -75,15 +75,31 @@ TENSORS = {
     "we_up": (_LAYER + "mlp.experts.{e}.up_proj.weight", "T"),
     "we_down": (_LAYER + "mlp.experts.{e}.down_proj.weight", "T"),
 }
-_STACK = (("i", "{i}"), ("e", "{e}"))  # the leading axes of a stacked leaf, in order: layers, then experts
 
 
-def _stacking(template: str) -> list[str]:
-    return [axis for axis, placeholder in _STACK if placeholder in template]
+def tensor_spec(cfg, top: str, leaf: str | None = None):
+    """(HF name template, layout kind, [(placeholder, values)] for the leaf's stacked leading axes) of params[top]
+    (leaf None) or params[top][leaf]: layers ("i") and experts ("e"), each value one HF tensor."""
+    if cfg.layer_pattern:
+        return hybrid.tensor_spec(cfg, top, leaf)
+    template, kind = TENSORS[top if leaf is None else leaf]
+    stack = [] if leaf is None else [("i", list(range(cfg.n_layers)))]
+    return template, kind, stack + ([("e", list(range(cfg.n_experts)))] if "{e}" in template else [])
 
 
-def _counts(cfg) -> dict[str, int]:
-    return {"i": cfg.n_layers, "e": cfg.n_experts}
+def _leaves(cfg):
+    """(top, leaf or None, shape) of every param of `cfg`."""
+    for top, sub in tf.param_shapes(cfg).items():
+        if isinstance(sub, dict):
+            yield from ((top, leaf, shape) for leaf, shape in sub.items())
+        else:
+            yield top, None, sub
+
+
+def _names(template: str, stack) -> list[str]:
+    """Every HF tensor of a leaf, in the order of its stacked axes."""
+    return [template.format(**dict(zip((p for p, _ in stack), ix)))
+            for ix in itertools.product(*(values for _, values in stack))]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -108,6 +124,8 @@ def _rope_theta(hf: dict, where: str) -> float:
 def config_from_hf(hf: dict, param_dtype: str = "float32", where: str = "config.json") -> tf.ModelConfig:
     """Our ModelConfig for an HF Llama / Qwen2 / Qwen3 config dict (`where` names it in errors)."""
     kind = hf.get("model_type")
+    if kind == "nemotron_h":
+        return hybrid.config_from_hf(hf, param_dtype, where)
     if kind not in FAMILIES:
         raise ValueError(f"{where}: model_type {kind!r} is not supported; supported: {sorted(FAMILIES)}")
     _, qkv_bias, qk_norm = FAMILIES[kind]
@@ -148,7 +166,10 @@ def config_from_hf(hf: dict, param_dtype: str = "float32", where: str = "config.
 
 
 def config_to_hf(cfg: tf.ModelConfig) -> dict:
-    """The config.json of `cfg`: qk_norm -> qwen3 (qwen3_moe with experts), qkv_bias -> qwen2, neither -> llama."""
+    """The config.json of `cfg`: qk_norm -> qwen3 (qwen3_moe with experts), qkv_bias -> qwen2, neither -> llama; a
+    hybrid layer pattern -> nemotron_h."""
+    if cfg.layer_pattern:
+        return hybrid.config_to_hf(cfg)
     kinds = [k for k, (_, bias, norm) in FAMILIES.items()
              if (bias, norm) == (cfg.qkv_bias, cfg.qk_norm) and (k in MOE_FAMILIES) == cfg.moe]
     if not kinds:
@@ -177,15 +198,11 @@ def config_to_hf(cfg: tf.ModelConfig) -> dict:
 
 def hf_names(cfg: tf.ModelConfig) -> list[str]:
     """Every HF tensor name the params of `cfg` come from."""
-    shapes = tf.param_shapes(cfg)
-    return [name for leaf in [*(n for n in shapes if n != "layers"), *shapes["layers"]]
-            for name in _stacked_names(cfg, TENSORS[leaf][0])]
-
-
-def _stacked_names(cfg, template: str) -> list[str]:
-    """Every HF tensor of one leaf, in the order of its stacking axes (layers, then experts)."""
-    axes, counts = _stacking(template), _counts(cfg)
-    return [template.format(**dict(zip(axes, ix))) for ix in itertools.product(*(range(counts[a]) for a in axes))]
+    out = []
+    for top, leaf, _ in _leaves(cfg):
+        template, _, stack = tensor_spec(cfg, top, leaf)
+        out += _names(template, stack)
+    return out
 
 
 def _bounds(s: slice, n: int) -> tuple[int, int]:
@@ -212,6 +229,9 @@ def _read(src, kind: str, index: tuple[slice, ...], shape: tuple[int, ...]) -> n
     if kind == "out_heads":  # ours [N, Dh, D] = hf [D, N*Dh]
         (n0, n1), (k0, k1), (d0, d1) = b
         return np.asarray(src[d0:d1, n0 * dh:n1 * dh]).T.reshape(n1 - n0, dh, d1 - d0)[:, k0:k1]
+    if kind == "conv":  # ours [C, K] = hf [C, 1, K] (a depthwise Conv1d's weight)
+        (c0, c1), (k0, k1) = b
+        return np.asarray(src[c0:c1, 0:1, k0:k1])[:, 0, :]
     if kind == "bias_heads":  # ours [N, Dh] = hf [N*Dh]
         (n0, n1), (k0, k1) = b
         return np.asarray(src[n0 * dh:n1 * dh]).reshape(n1 - n0, dh)[:, k0:k1]
@@ -228,6 +248,8 @@ def _hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
         return (shape[2], shape[0] * shape[1])
     if kind == "bias_heads":
         return (shape[0] * shape[1],)
+    if kind == "conv":
+        return (shape[0], 1, shape[1])
     return shape
 
 
@@ -239,29 +261,29 @@ def from_hf_tensors(cfg: tf.ModelConfig, get: Callable[[str], tuple[object, tupl
     `param_shardings` sharding and each device's callback reads only its own block of each layer.
     """
     dtype = jnp.dtype(cfg.param_dtype)
-    shapes = tf.param_shapes(cfg)
     shardings = None if mesh is None else param_shardings(cfg, mesh)
 
-    def leaf(name: str, shape: tuple[int, ...], sharding):
-        template, kind = TENSORS[name]
-        axes = _stacking(template)  # leading axes stacked from one HF tensor each (layers, experts)
-        per = shape[len(axes):]
-        for n in _stacked_names(cfg, template):  # check every tensor's presence and shape before reading any
+    def leaf(top: str, name: str | None, shape: tuple[int, ...], sharding):
+        template, kind, stack = tensor_spec(cfg, top, name)
+        per = shape[len(stack):]
+        for n in _names(template, stack):  # check every tensor's presence and shape before reading any
             got = tuple(get(n)[1])
             if got != _hf_shape(kind, per):
                 raise ValueError(f"tensor {n!r} has shape {got}, expected {_hf_shape(kind, per)} for {cfg}")
         cache = {}
+        placeholders = [p for p, _ in stack]
 
         def read(prefix, ranges, index):
             if not ranges:
-                return _read(get(template.format(**dict(zip(axes, prefix))))[0], kind, index, per)
-            return np.stack([read(prefix + (j,), ranges[1:], index) for j in range(*ranges[0])])
+                return _read(get(template.format(**dict(zip(placeholders, prefix))))[0], kind, index, per)
+            axis = len(prefix)
+            return np.stack([read(prefix + (stack[axis][1][j],), ranges[1:], index) for j in range(*ranges[0])])
 
         def block(index):
             # devices that replicate a dim ask for the same block: read it once
             key = tuple(_bounds(s, n) for s, n in zip(index, shape))
             if key not in cache:
-                cache[key] = read((), key[:len(axes)], index[len(axes):]).astype(dtype)
+                cache[key] = read((), key[:len(stack)], index[len(stack):]).astype(dtype)
             return cache[key]
 
         if sharding is None:
@@ -269,11 +291,11 @@ def from_hf_tensors(cfg: tf.ModelConfig, get: Callable[[str], tuple[object, tupl
         return jax.make_array_from_callback(shape, sharding, block)
 
     out = {}
-    for top, sub in shapes.items():
-        if top == "layers":
-            out[top] = {n: leaf(n, s, shardings and shardings[top][n]) for n, s in sub.items()}
+    for top, name, shape in _leaves(cfg):
+        if name is None:
+            out[top] = leaf(top, None, shape, shardings and shardings[top])
         else:
-            out[top] = leaf(top, sub, shardings and shardings[top])
+            out.setdefault(top, {})[name] = leaf(top, name, shape, shardings and shardings[top][name])
     return out
 
 
@@ -347,11 +369,11 @@ def to_hf_tensors(config: tf.ModelConfig, params) -> dict[str, np.ndarray]:
     params = mesh_lib.to_host(params)
     out = {}
     for top, sub in params.items():
-        items = sub.items() if top == "layers" else [(top, sub)]
+        items = sub.items() if isinstance(sub, dict) else [(None, sub)]
         for name, value in items:
-            template, kind = TENSORS[name]
-            axes, value = _stacking(template), np.asarray(value)
-            for ix in np.ndindex(value.shape[:len(axes)]):
+            template, kind, stack = tensor_spec(config, top, name)
+            value = np.asarray(value)
+            for ix, hf_name in zip(np.ndindex(value.shape[:len(stack)]), _names(template, stack)):
                 x = value[ix]
                 shape = x.shape
                 if kind == "T":
@@ -362,9 +384,11 @@ def to_hf_tensors(config: tf.ModelConfig, params) -> dict[str, np.ndarray]:
                     y = x.reshape(-1, shape[2]).T
                 elif kind == "bias_heads":
                     y = x.reshape(-1)
+                elif kind == "conv":
+                    y = x[:, None, :]
                 else:
                     y = x
-                out[template.format(**dict(zip(axes, ix)))] = np.ascontiguousarray(y)
+                out[hf_name] = np.ascontiguousarray(y)
     return out
 
 

@@ -67,6 +67,26 @@ class ModelConfig:
     d_ff_shared: int = 0
     norm_topk_prob: bool = False  # renormalise the top-k router probabilities to sum to 1
     router_aux_coef: float = 0.0  # weight of the load-balancing loss (Switch) in every training loss
+    # router "sigmoid" (Nemotron-H, DeepSeek-V3): sigmoid scores, experts chosen by score + a per-expert selection
+    # bias within the best `topk_groups` of `n_expert_groups` groups, weights the chosen scores (renormalised with
+    # norm_topk_prob) times `routed_scaling`; "softmax" (Qwen3-MoE)
+    router: str = "softmax"
+    n_expert_groups: int = 1
+    topk_groups: int = 1
+    routed_scaling: float = 1.0
+    mlp_act: str = "swiglu"  # "relu2": up -> squared ReLU -> down, no gate (Nemotron-H's MLPs, experts, shared expert)
+    # hybrid layers (Nemotron-H, models/hybrid.py): one mixer per layer, `layer_pattern` one character per layer,
+    # "M" Mamba-2, "*" attention, "-" MLP, "E" mixture of experts ("" = attention + MLP in every layer)
+    layer_pattern: str = ""
+    rope: bool = True  # rotary embeddings in attention (Nemotron-H's attention layers have none)
+    mamba_heads: int = 0
+    mamba_head_dim: int = 0
+    ssm_state: int = 0
+    mamba_groups: int = 1
+    conv_kernel: int = 4
+    mamba_chunk: int = 128  # the chunked scan's chunk length (training and prefill)
+    conv_bias: bool = True
+    dt_limit: tuple = (0.0, float("inf"))  # softplus(dt) is clamped to this range
 
     @property
     def moe(self) -> bool:
@@ -81,6 +101,15 @@ class ModelConfig:
                              f"{self.n_experts}] (n_experts 0: a dense MLP)")
         if self.n_experts and self.d_ff_expert <= 0:
             raise ValueError(f"model.d_ff_expert must be positive with model.n_experts={self.n_experts}")
+        if self.router not in ("softmax", "sigmoid") or self.mlp_act not in ("swiglu", "relu2"):
+            raise ValueError(f"model.router={self.router!r} must be 'softmax' or 'sigmoid', model.mlp_act="
+                             f"{self.mlp_act!r} 'swiglu' or 'relu2'")
+        if self.n_experts and (self.n_experts % self.n_expert_groups or self.topk_groups > self.n_expert_groups):
+            raise ValueError(f"model.n_expert_groups={self.n_expert_groups} must divide model.n_experts="
+                             f"{self.n_experts} and be >= model.topk_groups={self.topk_groups}")
+        if self.layer_pattern:
+            from nemocascade.models import hybrid
+            hybrid.check(self)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
@@ -103,6 +132,9 @@ class ModelConfig:
 
 def param_axes(cfg: ModelConfig) -> Params:
     """Logical axis names of every parameter, in the same pytree structure as the params."""
+    if cfg.layer_pattern:
+        from nemocascade.models import hybrid
+        return hybrid.param_axes(cfg)
     layer = {
         "attn_norm": ("layers", "norm"),
         "wq": ("layers", "embed", "heads", "head_dim"),
@@ -111,16 +143,7 @@ def param_axes(cfg: ModelConfig) -> Params:
         "wo": ("layers", "heads", "head_dim", "embed"),
         "mlp_norm": ("layers", "norm"),
     }
-    if cfg.moe:  # routed experts on the mesh's expert axis; the router's expert dim is replicated
-        layer |= {"router": ("layers", "embed", None),
-                  "we_gate": ("layers", "experts", "embed", "mlp"), "we_up": ("layers", "experts", "embed", "mlp"),
-                  "we_down": ("layers", "experts", "mlp", "embed")}
-        if cfg.d_ff_shared:
-            layer |= {"ws_gate": ("layers", "embed", "mlp"), "ws_up": ("layers", "embed", "mlp"),
-                      "ws_down": ("layers", "mlp", "embed")}
-    else:
-        layer |= {"w_gate": ("layers", "embed", "mlp"), "w_up": ("layers", "embed", "mlp"),
-                  "w_down": ("layers", "mlp", "embed")}
+    layer |= moe_axes(cfg) if cfg.moe else mlp_axes(cfg, "w_")
     if cfg.qkv_bias:
         layer |= {"bq": ("layers", "heads", "head_dim"), "bk": ("layers", "kv_heads", "head_dim"),
                   "bv": ("layers", "kv_heads", "head_dim")}
@@ -133,17 +156,14 @@ def param_axes(cfg: ModelConfig) -> Params:
 
 
 def param_shapes(cfg: ModelConfig) -> Params:
+    if cfg.layer_pattern:
+        from nemocascade.models import hybrid
+        return hybrid.param_shapes(cfg)
     L, D, H, K, Dh, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                             cfg.d_ff, cfg.vocab_size)
     layer = {"attn_norm": (L, D), "wq": (L, D, H, Dh), "wk": (L, D, K, Dh), "wv": (L, D, K, Dh),
              "wo": (L, H, Dh, D), "mlp_norm": (L, D)}
-    if cfg.moe:
-        E, Fe, Fs = cfg.n_experts, cfg.d_ff_expert, cfg.d_ff_shared
-        layer |= {"router": (L, D, E), "we_gate": (L, E, D, Fe), "we_up": (L, E, D, Fe), "we_down": (L, E, Fe, D)}
-        if Fs:
-            layer |= {"ws_gate": (L, D, Fs), "ws_up": (L, D, Fs), "ws_down": (L, Fs, D)}
-    else:
-        layer |= {"w_gate": (L, D, F), "w_up": (L, D, F), "w_down": (L, F, D)}
+    layer |= moe_shapes(cfg, L) if cfg.moe else mlp_shapes(cfg, "w_", L, F)
     if cfg.qkv_bias:
         layer |= {"bq": (L, H, Dh), "bk": (L, K, Dh), "bv": (L, K, Dh)}
     if cfg.qk_norm:
@@ -152,6 +172,34 @@ def param_shapes(cfg: ModelConfig) -> Params:
     if not cfg.tie_embeddings:
         shapes["lm_head"] = (D, V)
     return shapes
+
+
+def mlp_axes(cfg: ModelConfig, prefix: str, lead=("layers",)) -> Params:
+    """A SwiGLU MLP's gate/up/down (a relu2 MLP's up/down) logical axes, named `prefix` + gate/up/down."""
+    axes = {prefix + "up": (*lead, "embed", "mlp"), prefix + "down": (*lead, "mlp", "embed")}
+    return axes | ({prefix + "gate": (*lead, "embed", "mlp")} if cfg.mlp_act == "swiglu" else {})
+
+
+def mlp_shapes(cfg: ModelConfig, prefix: str, L: int, F: int, lead=()) -> Params:
+    D = cfg.d_model
+    shapes = {prefix + "up": (L, *lead, D, F), prefix + "down": (L, *lead, F, D)}
+    return shapes | ({prefix + "gate": (L, *lead, D, F)} if cfg.mlp_act == "swiglu" else {})
+
+
+def moe_axes(cfg: ModelConfig) -> Params:
+    """Routed experts on the mesh's expert axis; the router's expert dim is replicated."""
+    axes = {"router": ("layers", "embed", None)} | mlp_axes(cfg, "we_", ("layers", "experts"))
+    if cfg.router == "sigmoid":
+        axes["router_bias"] = ("layers", None)
+    return axes | (mlp_axes(cfg, "ws_") if cfg.d_ff_shared else {})
+
+
+def moe_shapes(cfg: ModelConfig, L: int) -> Params:
+    E = cfg.n_experts
+    shapes = {"router": (L, cfg.d_model, E)} | mlp_shapes(cfg, "we_", L, cfg.d_ff_expert, (E,))
+    if cfg.router == "sigmoid":
+        shapes["router_bias"] = (L, E)
+    return shapes | (mlp_shapes(cfg, "ws_", L, cfg.d_ff_shared) if cfg.d_ff_shared else {})
 
 
 def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
@@ -164,12 +212,16 @@ def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
     leaves = []
     for (path, shape), key in zip(flat, keys):
         name = path[-1].key
-        if "norm" in name:
+        if "norm" in name or name in ("D", "dt_bias"):
             leaves.append(jnp.ones(shape, dtype))
-        elif name.startswith("b"):
+        elif name == "A_log":  # Mamba-2's A = -exp(A_log) = -1, -2, ..., -heads
+            leaves.append(jnp.broadcast_to(jnp.log(jnp.arange(1, shape[-1] + 1, dtype=jnp.float32)),
+                                           shape).astype(dtype))
+        elif name.startswith("b") or name in ("conv_b", "router_bias"):
             leaves.append(jnp.zeros(shape, dtype))
         else:
-            std = cfg.init_std / ((2 * cfg.n_layers) ** 0.5 if name in ("wo", "w_down", "we_down", "ws_down") else 1.0)
+            std = cfg.init_std / ((2 * cfg.n_layers) ** 0.5 if name in ("wo", "w_down", "we_down", "ws_down", "down",
+                                                                          "out_proj") else 1.0)
             leaves.append((std * jax.random.normal(key, shape, jnp.float32)).astype(dtype))
     return jax.tree.unflatten(treedef, leaves)
 
@@ -214,11 +266,41 @@ def attention(q, k, v, mask):
     return out.reshape(B, T, H, Dh)
 
 
-def swiglu(x, w_gate, w_up, w_down):
-    """SwiGLU MLP: silu(x w_gate) * (x w_up), then w_down. x [B, T, D]."""
-    gate = jnp.einsum("btd,df->btf", x, w_gate)
-    up = jnp.einsum("btd,df->btf", x, w_up)
-    return jnp.einsum("btf,fd->btd", jax.nn.silu(gate) * up, w_down)
+def mlp(cfg: ModelConfig, x, p, prefix: str, dt):
+    """The MLP whose weights are p[prefix + gate/up/down], on x [..., D]: SwiGLU, silu(x gate) * (x up) then
+    down; or with mlp_act "relu2", relu(x up)^2 then down."""
+    up = jnp.einsum("...d,df->...f", x, p[prefix + "up"].astype(dt))
+    if cfg.mlp_act == "relu2":
+        hidden = jnp.square(jax.nn.relu(up))
+    else:
+        hidden = jax.nn.silu(jnp.einsum("...d,df->...f", x, p[prefix + "gate"].astype(dt))) * up
+    return jnp.einsum("...f,fd->...d", hidden, p[prefix + "down"].astype(dt))
+
+
+def route(cfg: ModelConfig, logits, p):
+    """(probabilities [N, E] for the load-balancing statistics, chosen experts [N, k], their weights [N, k]) from
+    router logits [N, E] float32 (`ModelConfig.router`)."""
+    k = cfg.n_experts_per_tok
+    if cfg.router == "softmax":
+        probs = jax.nn.softmax(logits, axis=-1)
+        weights, experts = jax.lax.top_k(probs, k)
+        if cfg.norm_topk_prob:
+            weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+        return probs, experts, weights
+    scores = jax.nn.sigmoid(logits)
+    choice = scores + p["router_bias"].astype(jnp.float32)
+    N, E, G = logits.shape[0], cfg.n_experts, cfg.n_expert_groups
+    if G > 1:  # keep the best topk_groups groups, each scored by the sum of its two best experts
+        grouped = choice.reshape(N, G, E // G)
+        group_score = jnp.sum(jax.lax.top_k(grouped, min(2, E // G))[0], axis=-1)
+        _, best = jax.lax.top_k(group_score, cfg.topk_groups)
+        keep = jnp.zeros((N, G), bool).at[jnp.arange(N)[:, None], best].set(True)
+        choice = jnp.where(jnp.repeat(keep, E // G, axis=1), choice, -jnp.inf)
+    _, experts = jax.lax.top_k(choice, k)
+    weights = jnp.take_along_axis(scores, experts, axis=-1)
+    if cfg.norm_topk_prob:
+        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return scores / jnp.sum(scores, axis=-1, keepdims=True), experts, weights * cfg.routed_scaling
 
 
 class RouterStats(NamedTuple):
@@ -230,30 +312,30 @@ class RouterStats(NamedTuple):
 
 
 def moe(cfg: ModelConfig, x, p, dt, tok_valid):
-    """Routed SwiGLU experts, dropless: every token reaches its top `n_experts_per_tok` experts (softmax router in
-    float32; with `norm_topk_prob` the chosen probabilities renormalised), as a grouped matmul over the
-    (token, expert) pairs sorted by expert (`lax.ragged_dot`), plus the shared expert. x [B, T, D];
-    tok_valid [B, T] bool marks the tokens the router statistics count. Returns (out [B, T, D], RouterStats)."""
+    """Routed experts, dropless: every token reaches its `n_experts_per_tok` experts (`route`, in float32), as a
+    grouped matmul over the (token, expert) pairs sorted by expert (`lax.ragged_dot`), plus the shared expert.
+    Experts are SwiGLU or relu2 MLPs (`mlp_act`). x [B, T, D]; tok_valid [B, T] bool marks the tokens the router
+    statistics count. Returns (out [B, T, D], RouterStats)."""
     B, T, D = x.shape
     E, k = cfg.n_experts, cfg.n_experts_per_tok
     flat = x.reshape(B * T, D)
-    logits = jnp.einsum("nd,de->ne", flat, p["router"].astype(dt), preferred_element_type=jnp.float32)
-    probs = jax.nn.softmax(logits, axis=-1)
-    top_p, top_e = jax.lax.top_k(probs, k)  # [N, k]
-    if cfg.norm_topk_prob:
-        top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
+    router = p["router"]
+    logits = (jnp.einsum("nd,de->ne", flat.astype(jnp.float32), router.astype(jnp.float32)) if cfg.router == "sigmoid"
+              else jnp.einsum("nd,de->ne", flat, router.astype(dt), preferred_element_type=jnp.float32))
+    probs, top_e, top_p = route(cfg, logits, p)  # [N, E], [N, k], [N, k]
     expert = top_e.reshape(-1)  # the N*k (token, expert) pairs, token-major
     order = jnp.argsort(expert, stable=True)
     token = order // k
     sizes = jnp.bincount(expert, length=E).astype(jnp.int32)
     xs = flat[token]
-    gate = jax.lax.ragged_dot(xs, p["we_gate"].astype(dt), sizes)
     up = jax.lax.ragged_dot(xs, p["we_up"].astype(dt), sizes)
-    ys = jax.lax.ragged_dot(jax.nn.silu(gate) * up, p["we_down"].astype(dt), sizes)
+    hidden = (jnp.square(jax.nn.relu(up)) if cfg.mlp_act == "relu2"
+              else jax.nn.silu(jax.lax.ragged_dot(xs, p["we_gate"].astype(dt), sizes)) * up)
+    ys = jax.lax.ragged_dot(hidden, p["we_down"].astype(dt), sizes)
     ys = ys * top_p.reshape(-1)[order][:, None].astype(ys.dtype)
     out = jnp.zeros_like(flat).at[token].add(ys).reshape(B, T, D)
     if cfg.d_ff_shared:
-        out = out + swiglu(x, p["ws_gate"].astype(dt), p["ws_up"].astype(dt), p["ws_down"].astype(dt))
+        out = out + mlp(cfg, x, p, "ws_", dt)
     w = tok_valid.reshape(-1).astype(jnp.float32)
     stats = RouterStats(jnp.zeros((E,), jnp.float32).at[expert].add(jnp.repeat(w, k)),
                         jnp.sum(probs * w[:, None], axis=0), jnp.sum(w))
@@ -276,17 +358,32 @@ def _no_stats(cfg: ModelConfig) -> RouterStats:
 class KVCache(NamedTuple):
     """Per-layer keys/values for `max_len` slots and which slots hold real tokens.
 
-    k, v: [n_layers, B, max_len, n_kv_heads, head_dim]; valid: [B, max_len] bool.
+    k, v: [attention layers, B, max_len, n_kv_heads, head_dim]; valid: [B, max_len] bool.
     Slot s holds the s-th token of the (left-padded) sequence; rotary positions are stored in k already.
+    A hybrid model (models/hybrid.py) also carries each Mamba-2 layer's recurrent state: conv [mamba layers, B,
+    conv_kernel - 1, conv channels] (the last inputs of its causal convolution) and ssm [mamba layers, B, heads,
+    head_dim, state] float32.
     """
     k: jax.Array
     v: jax.Array
     valid: jax.Array
+    conv: jax.Array | None = None
+    ssm: jax.Array | None = None
+
+    def repeat_rows(self, G: int) -> "KVCache":
+        """Every row repeated G times, a prompt's copies adjacent (one prefill shared by G samples)."""
+        if G == 1:
+            return self
+        rep = lambda x, axis: None if x is None else jnp.repeat(x, G, axis=axis)  # noqa: E731
+        return KVCache(rep(self.k, 1), rep(self.v, 1), rep(self.valid, 0), rep(self.conv, 1), rep(self.ssm, 1))
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
-    shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
     dtype = jnp.dtype(cfg.dtype)
+    if cfg.layer_pattern:
+        from nemocascade.models import hybrid
+        return hybrid.init_cache(cfg, batch, max_len)
+    shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
     return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, max_len), bool))
 
 
@@ -296,8 +393,20 @@ def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None, tok_val
     (x, (k_cache, v_cache), router statistics (None for a dense MLP)).
     The cache is updated in place (a loop-carried dynamic_update_slice), never copied per step."""
     dt = jnp.dtype(cfg.dtype)
+    out, kv = attend(cfg, rms_norm(x, p["attn_norm"], cfg.norm_eps), p, positions, mask, kv, start)
+    x = x + out
+    h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
+    if cfg.moe:
+        out, stats = moe(cfg, h, p, dt, tok_valid)
+        return x + out, kv, stats
+    return x + mlp(cfg, h, p, "w_", dt), kv, None
+
+
+def attend(cfg: ModelConfig, h, p, positions, mask, kv=None, start=None):
+    """Grouped-query self-attention of the normed input h [B, T, D] (rotary unless `cfg.rope` is False) ->
+    (output [B, T, D], kv as `_layer` describes)."""
+    dt = jnp.dtype(cfg.dtype)
     w = lambda name: p[name].astype(dt)  # noqa: E731  (cast params to the compute dtype)
-    h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
     q = jnp.einsum("btd,dhk->bthk", h, w("wq"))
     k = jnp.einsum("btd,dhk->bthk", h, w("wk"))
     v = jnp.einsum("btd,dhk->bthk", h, w("wv"))
@@ -306,8 +415,9 @@ def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None, tok_val
     if cfg.qk_norm:
         q = rms_norm(q, p["q_norm"], cfg.norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.norm_eps)
-    q = rope(q, positions, cfg.rope_theta)
-    k = rope(k, positions, cfg.rope_theta)
+    if cfg.rope:
+        q = rope(q, positions, cfg.rope_theta)
+        k = rope(k, positions, cfg.rope_theta)
     if kv is not None:
         ck, cv, layer = kv
         ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, start, 0, 0))
@@ -316,21 +426,19 @@ def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None, tok_val
         S = mask.shape[-1]
         visible = lambda c: jax.lax.dynamic_slice(c, (layer, 0, 0, 0, 0), (1, c.shape[1], S) + c.shape[3:])[0]  # noqa: E731
         k, v, kv = visible(ck), visible(cv), (ck, cv)
-    x = x + jnp.einsum("bthk,hkd->btd", attention(q, k, v, mask), w("wo"))
-    h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
-    if cfg.moe:
-        out, stats = moe(cfg, h, p, dt, tok_valid)
-        return x + out, kv, stats
-    return x + swiglu(h, w("w_gate"), w("w_up"), w("w_down")), kv, None
+    return jnp.einsum("bthk,hkd->btd", attention(q, k, v, mask), w("wo")), kv
 
 
 def _decoder(params: Params, cfg: ModelConfig, tokens, positions, mask, kv=None, start=0, tok_valid=None):
     """The shared body: embed, every layer (one `lax.scan`), final norm. Returns the normed hidden state
     [B, T, d_model], with `kv` = (k_cache, v_cache) the updated caches (None without), and the router
     statistics summed over layers (None for a dense model); `tok_valid` [B, T] marks the tokens they count."""
-    x = params["embed"].astype(jnp.dtype(cfg.dtype))[tokens]
     if tok_valid is None:
         tok_valid = jnp.ones(tokens.shape, bool)
+    if cfg.layer_pattern:
+        from nemocascade.models import hybrid
+        return hybrid.decoder(params, cfg, tokens, positions, mask, kv, start, tok_valid)
+    x = params["embed"].astype(jnp.dtype(cfg.dtype))[tokens]
 
     def body(carry, xs):
         x, kv, stats = carry
@@ -365,6 +473,9 @@ def forward_hidden(params: Params, cfg: ModelConfig, tokens, positions=None, val
         valid = jnp.ones((B, T), bool)
     mask = jnp.tril(jnp.ones((T, T), bool))[None] & valid[:, None, :]
     if segment_ids is not None:
+        if "M" in cfg.layer_pattern:
+            raise ValueError("packed rows (segment_ids) with Mamba-2 layers: the recurrent state would carry from one "
+                             "sequence into the next; train this model with pack=False")
         mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids > 0)[:, None, :]
         valid = valid & (segment_ids > 0)
     h, _, stats = _decoder(params, cfg, tokens, positions, mask, tok_valid=valid)
@@ -432,6 +543,9 @@ def forward_cached(params: Params, cfg: ModelConfig, tokens, positions, valid, c
     slots = jnp.arange(seen or cache.valid.shape[1])
     query_slots = start + jnp.arange(T)
     mask = (slots[None, :] <= query_slots[:, None])[None] & kv_valid[:, None, :slots.shape[0]]
+    if cfg.layer_pattern:  # the hybrid decoder reads and returns the whole cache (its Mamba-2 states too)
+        h, new, _ = _decoder(params, cfg, tokens, positions, mask, cache, start, valid)
+        return lm_head(params, cfg, h[:, -1:] if last_only else h), new._replace(valid=kv_valid)
     h, (k, v), _ = _decoder(params, cfg, tokens, positions, mask, (cache.k, cache.v), start, valid)
     return lm_head(params, cfg, h[:, -1:] if last_only else h), KVCache(k, v, kv_valid)
 
