@@ -1,0 +1,192 @@
+"""Per-device memory of real model sizes on fake meshes, from XLA's own accounting: no weights, no accelerator.
+
+    python benchmarks/memory_plan.py                                   # every model x mesh below (minutes)
+    python benchmarks/memory_plan.py --models=qwen3-8b --meshes=8,16 --json=plan.json
+
+Each model's three programs are compiled ahead of time on abstract shapes (`jax.jit(f).lower(...).compile()`) on
+a mesh of fake CPU devices, with the policy, the frozen reference and the MOPD teachers as params pytrees placed
+by the same sharding rules on the one mesh:
+
+  sample   prefill + `lax.while_loop` decode with the KV cache (`sampling.sample`): the rollout batch;
+  step     the on-policy update (`rl.update.policy_update`: GRPO's objective, AdamW, micro-batches, remat);
+  teacher  one frozen role's pass over the training batch (`rl.update.FrozenRoles`: MOPD's teacher log-probs).
+
+`compiled.memory_analysis()` gives each program's per-device arguments, outputs, temporaries and aliasing. What
+stays resident between programs (policy params and AdamW moments, the reference, the teachers) is counted from
+the shardings; a program's peak is its own arguments, temporaries and outputs plus whatever resident state it
+does not take as an argument. The plan's number is the largest peak over the three programs; it is XLA's CPU
+compile's accounting (the TPU/GPU compilers fuse differently, so read it as an estimate to within tens of
+percent, not a guarantee), and it leaves out the runtime's own reserve. Fits: the accelerator memory sizes in
+ACCELERATORS that hold the peak with 10% to spare.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import os
+import sys
+import time
+
+_MAX_DEVICES = 64
+if "jax" not in sys.modules:  # the device count is fixed when JAX starts
+    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={_MAX_DEVICES}")
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import ml_collections  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from nemocascade import mesh as mesh_lib  # noqa: E402
+from nemocascade import objectives, optim, sampling, train_state  # noqa: E402
+from nemocascade.models import ModelConfig, init_params, param_shardings  # noqa: E402
+from nemocascade.rl import update  # noqa: E402
+
+GiB = 2 ** 30
+# the published configs (config.json of each checkpoint); compute in bfloat16, params and AdamW moments in float32
+MODELS = {
+    "qwen3-8b": ModelConfig(vocab_size=151936, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128,
+                            d_ff=12288, rope_theta=1e6, qk_norm=True, dtype="bfloat16", remat=True),
+    "qwen3-30b-a3b": ModelConfig(vocab_size=151936, d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128,
+                                 d_ff=6144, rope_theta=1e6, qk_norm=True, n_experts=128, n_experts_per_tok=8,
+                                 d_ff_expert=768, norm_topk_prob=True, router_aux_coef=0.001, dtype="bfloat16",
+                                 remat=True),
+    # Cascade 2's base (NVIDIA-Nemotron-3-Nano-30B-A3B: 23 Mamba-2, 23 MoE and 6 attention layers; values as in
+    # NVIDIA's Megatron-Bridge recipe and the checkpoint's config.json)
+    "nemotron-3-nano-30b-a3b": ModelConfig(
+        vocab_size=131072, d_model=2688, n_layers=52, n_heads=32, n_kv_heads=2, head_dim=128, d_ff=1856,
+        norm_eps=1e-5, rope=False, mlp_act="relu2",
+        layer_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+        n_experts=128, n_experts_per_tok=6, d_ff_expert=1856, d_ff_shared=3712, router="sigmoid", norm_topk_prob=True,
+        routed_scaling=2.5, mamba_heads=64, mamba_head_dim=64, ssm_state=128, mamba_groups=8, conv_kernel=4,
+        mamba_chunk=128, dtype="bfloat16", remat=True),
+}
+# devices -> mesh per model kind: FSDP everywhere, tensor parallel from 16 devices, experts split from 8 (MoE)
+MESHES = {
+    "dense": {8: {"fsdp": 8}, 16: {"fsdp": 8, "tensor": 2}, 64: {"fsdp": 16, "expert": 2, "tensor": 2}},
+    "moe": {8: {"fsdp": 4, "expert": 2}, 16: {"fsdp": 4, "expert": 4}, 64: {"fsdp": 8, "expert": 8}},
+}
+ACCELERATORS = {"TPU v5e (16 GiB)": 16, "TPU v4 / v5p (32 / 95 GiB)": 32, "A100 40G": 40, "A100/H100 80G": 80,
+                "TPU v5p 95G": 95, "H200 141G": 141}
+
+
+@dataclasses.dataclass(frozen=True)
+class Shapes:
+    """The run's shapes: a step trains prompts x group rows of prompt_len + max_new tokens."""
+    prompts: int = 64
+    group: int = 16
+    prompt_len: int = 1024
+    max_new: int = 3072
+    micro_batches: int = 16
+    teachers: int = 2
+
+
+def _bytes(tree) -> int:
+    """Per-device bytes of abstract arrays with shardings (each device's shard)."""
+    total = 0
+    for x in jax.tree.leaves(tree):
+        shard = x.sharding.shard_shape(x.shape) if hasattr(x, "sharding") and x.sharding is not None else x.shape
+        total += math.prod(shard) * jnp.dtype(x.dtype).itemsize
+    return total
+
+
+def _abstract(tree, shardings):
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
+
+
+def _analysis(compiled) -> dict:
+    m = compiled.memory_analysis()
+    return {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")}
+
+
+def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes) -> dict:
+    axes = MESHES["moe" if cfg.moe else "dense"][devices]
+    mesh = mesh_lib.make_mesh(axes, jax.devices()[:devices])
+    shard = param_shardings(cfg, mesh)
+    params = _abstract(jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0)), shard)
+    o = ml_collections.ConfigDict(dict(optim.DEFAULTS) | dict(lr=1e-6))
+    tx, _ = optim.make_optimizer(o, 100)
+    state_shape = jax.eval_shape(lambda p: train_state.create(p, tx, jax.random.key(0)), params)
+    state = _abstract(state_shape, train_state.shardings(state_shape, shard, mesh))
+    rows, width = shapes.prompts * shapes.group, shapes.prompt_len + shapes.max_new
+
+    def batch_of(n, shape, dtype):
+        return jax.ShapeDtypeStruct((n, *shape), dtype, sharding=mesh_lib.batch_sharding(mesh, 1 + len(shape), n))
+
+    out = {"model": name, "devices": devices, "mesh": axes, "params_b": sum(math.prod(x.shape) for x in
+                                                                            jax.tree.leaves(params)) / 1e9}
+    resident = {"policy_state": _bytes(state), "reference": _bytes(params), "teachers": shapes.teachers *
+                _bytes(params)}
+    out["resident_gib"] = {k: v / GiB for k, v in resident.items()}
+    programs = {}
+
+    t0 = time.perf_counter()
+    sample = jax.jit(functools.partial(sampling.sample, cfg=cfg, max_new_tokens=shapes.max_new, eos_id=2,
+                                       num_samples=shapes.group))
+    prompts = batch_of(shapes.prompts, (shapes.prompt_len,), jnp.int32)
+    lens = batch_of(shapes.prompts, (), jnp.int32)
+    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=mesh_lib.replicated(mesh))
+    programs["sample"] = (_analysis(sample.lower(params, prompt_tokens=prompts, prompt_lens=lens, rng=key).compile()),
+                          resident["policy_state"] - _bytes(params) + resident["reference"] + resident["teachers"])
+
+    objective = objectives.build({"pg": 1.0}, "token_mean", {})
+    step = jax.jit(functools.partial(update.policy_update, model_cfg=cfg, tx=tx, objective=objective,
+                                     micro_batches=shapes.micro_batches), donate_argnums=0)
+    batch = {"tokens": batch_of(rows, (width,), jnp.int32), "valid": batch_of(rows, (width,), jnp.bool_),
+             "positions": batch_of(rows, (width,), jnp.int32), "mask": batch_of(rows, (width - 1,), jnp.float32),
+             "sampler_logp": batch_of(rows, (width - 1,), jnp.float32), "advantages": batch_of(rows, (), jnp.float32),
+             "domain_idx": batch_of(rows, (), jnp.int32),
+             "has_data": jax.ShapeDtypeStruct((), jnp.float32, sharding=mesh_lib.replicated(mesh))}
+    programs["step"] = (_analysis(step.lower(state, batch).compile()), resident["reference"] + resident["teachers"])
+
+    roles = update.FrozenRoles(cfg, {"teacher_logp"}, teachers=(params,), teacher_of_domain=np.zeros(1, np.int32))
+    rows_mask = batch_of(rows, (), jnp.bool_)
+    programs["teacher"] = (_analysis(roles._teacher.lower(params, batch, rows_mask, None).compile()),
+                           resident["policy_state"] + resident["reference"] + resident["teachers"] - _bytes(params))
+    out["compile_s"] = time.perf_counter() - t0
+    out["programs"] = {}
+    for prog, (m, others) in programs.items():
+        peak = m["argument"] + m["temp"] + m["output"] - m["alias"] + others
+        out["programs"][prog] = {**{k: v / GiB for k, v in m.items()}, "others_resident": others / GiB,
+                                 "peak": peak / GiB}
+    out["peak_gib"] = max(p["peak"] for p in out["programs"].values())
+    out["fits"] = [a for a, gib in ACCELERATORS.items() if out["peak_gib"] * 1.1 <= gib]
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--meshes", default="8,16,64", help="device counts (each <= 64)")
+    ap.add_argument("--json", default="")
+    for f in dataclasses.fields(Shapes):
+        ap.add_argument(f"--{f.name}", type=int, default=f.default)
+    args = ap.parse_args()
+    shapes = Shapes(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Shapes)})
+    unknown = sorted(set(args.models.split(",")) - set(MODELS))
+    if unknown:
+        sys.exit(f"--models: unknown {unknown}; known {sorted(MODELS)}")
+    print(f"shapes: {shapes}; {jax.device_count()} fake {jax.default_backend()} devices")
+    results = []
+    header = "| model | devices | mesh | params (B) | sample | step | teacher pass | peak / device | fits (10% spare) |"
+    print(header + "\n|:--|--:|:--|--:|--:|--:|--:|--:|:--|", flush=True)
+    for name in args.models.split(","):
+        for devices in (int(d) for d in args.meshes.split(",")):
+            r = plan(name, MODELS[name], devices, shapes)
+            results.append(r)
+            mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items())
+            p = r["programs"]
+            print(f"| {name} | {devices} | {mesh} | {r['params_b']:.1f} | {p['sample']['peak']:.1f} GiB | "
+                  f"{p['step']['peak']:.1f} GiB | {p['teacher']['peak']:.1f} GiB | **{r['peak_gib']:.1f} GiB** | "
+                  f"{', '.join(r['fits']) or 'none listed'} |", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"shapes": dataclasses.asdict(shapes), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
