@@ -4,8 +4,8 @@
 #   launch/tpu_vm.sh [--dry-run] --logs TPU_NAME ZONE                                     each worker's last lines
 # Start: packs this checkout (tracked and untracked-but-not-ignored files, as `git ls-files` lists them), copies it
 # to every worker, installs it with jax[tpu], and starts the run under nohup so it outlives the ssh session; each
-# worker logs to ~/nemocascade_logs/<run>.<hostname>.log. WORKDIR must be shared by all hosts (gs:// or NFS):
-# orbax writes each checkpoint from all hosts together. --dry-run prints the gcloud commands instead of running
+# worker logs to ~/nemocascade_logs/<run>.<hostname>.log. WORKDIR must be a filesystem every host mounts (NFS,
+# a mounted bucket): orbax writes each checkpoint from all hosts together (gs:// paths directly: not yet). --dry-run prints the gcloud commands instead of running
 # them. Environment: GCLOUD (default gcloud), INSTALL (default: pip install -q -e . 'jax[tpu]').
 set -euo pipefail
 DRY=0; LOGS=0

@@ -25,7 +25,7 @@ import time
 
 import jax
 
-from nemocascade import chat, checkpoint, evaluation, files, interrupts, lora, named_checkpoints, plots, stats
+from nemocascade import chat, checkpoint, evaluation, files, hosts, interrupts, lora, named_checkpoints, plots, stats
 from nemocascade import workdir as workdir_lib
 from nemocascade.configs import flatten, stage_order
 from nemocascade.data import tfds_builder
@@ -208,18 +208,22 @@ def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.Ru
     """Everything a stage needs; the caller has validated `cfg` and holds the workdir (see `run`)."""
     mesh = make_mesh(dict(cfg.mesh))
     data_dir = cfg.data.data_dir or os.path.join(workdir, "data")
-    sources = {d: tfds_builder.prepare(d, data_dir, dc.num_train, dc.num_test, data_seed(cfg),
-                                       num_val=dc.get("num_val"), **dc.opts.to_dict())
-               for d, dc in cfg.data.domains.items()}
+    # process 0 builds the datasets (and trains the tokenizer) while the others wait, then they load them
+    sources = hosts.lead_first("data", lambda: {
+        d: tfds_builder.prepare(d, data_dir, dc.num_train, dc.num_test, data_seed(cfg), num_val=dc.get("num_val"),
+                                **dc.opts.to_dict())
+        for d, dc in cfg.data.domains.items()})
     pretrained = None
     if cfg.get("pretrained") and cfg.pretrained.kind:
         model_cfg, params, tokenizer = load_pretrained(cfg.pretrained, mesh)
         pretrained = params
     else:
         tok_path = cfg.tokenizer.path or os.path.join(workdir, "tokenizer.model")
-        tokenizer = load_or_train(tok_path, _corpus(sources, cfg.tokenizer.corpus_size), cfg.tokenizer.vocab_size)
+        tokenizer = hosts.lead_first("tokenizer", lambda: load_or_train(
+            tok_path, _corpus(sources, cfg.tokenizer.corpus_size), cfg.tokenizer.vocab_size))
         model_cfg = ModelConfig.from_dict({**cfg.model.to_dict(), "vocab_size": tokenizer.vocab_size})
     log = RunLog(workdir, config_name, variant, cfg.seed)
+    hosts.barrier("run log read")  # every process starts from the same summary and metrics before any is written
     pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
     ctx = common.RunContext(cfg, workdir, mesh, model_cfg, tokenizer, sources, log,
                             param_shardings(model_cfg, mesh), pool, pretrained=pretrained)
@@ -285,7 +289,8 @@ def _evaluate_and_keep_items(ctx, stage_name: str, params, stage=None) -> tuple[
     """(test eval, validation eval, per-item test scores) of `params` after `stage` (None: the starting model);
     the per-item scores also go to eval_scores/<stage_name>.json, for later stages' paired comparisons."""
     scores, items = evaluate_all(ctx, params, stage=stage)
-    files.atomic_write(_item_scores_path(ctx, stage_name), json.dumps(items))
+    if hosts.is_lead():
+        files.atomic_write(_item_scores_path(ctx, stage_name), json.dumps(items))
     return scores, evaluate_all(ctx, params, "val")[0], items
 
 
@@ -373,7 +378,7 @@ def _redo_from(ctx, first: str, changes) -> None:
     if not dropped:
         print(f"[redo] nothing to discard: {first!r} has not run in {ctx.workdir}", flush=True)
         return
-    if jax.process_index() == 0:
+    if hosts.is_lead():
         for name in dropped:
             for path in (os.path.join(ckpt, name), _final_path(ctx, name), os.path.join(ckpt, "rm", name)):
                 shutil.rmtree(path, ignore_errors=True)
@@ -398,10 +403,12 @@ def _locked(cfg, workdir, allow_changes, body):
     checked against `cfg` (`changes`: the allowed ones, nemocascade/workdir.py)."""
     validate(cfg)
     lock = workdir_lib.WorkdirLock(workdir)
-    if jax.process_index() == 0:  # flock is per host: one holder per run
+    if hosts.is_lead():  # flock is per host: one holder per run
         lock.acquire()
     try:
-        return body(workdir_lib.check_config(workdir, cfg.to_dict(), allow_changes, stage_defaults(cfg)))
+        changes = workdir_lib.check_config(workdir, cfg.to_dict(), allow_changes, stage_defaults(cfg))
+        hosts.barrier("config checked")  # every process has read the recorded config before process 0 replaces it
+        return body(changes)
     finally:
         lock.release()
 
@@ -558,6 +565,13 @@ def _teacher_refs(stage) -> dict[str, str] | None:
 
 
 def _report(ctx, name, scores):
+    print(f"[{name}] held-out: " + ", ".join(f"{d} {s['pass@1']:.3f} (n={s['n']})" for d, s in scores.items()),
+          flush=True)
+    if hosts.is_lead():
+        _write_tables_and_plots(ctx)
+
+
+def _write_tables_and_plots(ctx):
     plot_dir = os.path.join(ctx.workdir, "plots")
     metrics = os.path.join(ctx.workdir, "metrics.jsonl")
     rows = [r for r in open(metrics)] if os.path.exists(metrics) else []
@@ -581,7 +595,4 @@ def _report(ctx, name, scores):
     if paired:
         table += ("\n\nPaired avg@k gain over the stage's start (each item's mean over its k samples; points, paired "
                   "bootstrap 95% interval)\n\n" + paired)
-    with open(os.path.join(ctx.workdir, "eval_table.md"), "w") as f:
-        f.write(table + "\n")
-    print(f"[{name}] held-out: " + ", ".join(f"{d} {s['pass@1']:.3f} (n={s['n']})" for d, s in scores.items()),
-          flush=True)
+    files.atomic_write(os.path.join(ctx.workdir, "eval_table.md"), table + "\n")

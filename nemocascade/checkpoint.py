@@ -14,11 +14,11 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import uuid
 
 import jax
 import orbax.checkpoint as ocp
 
+from nemocascade import hosts
 from nemocascade.errors import BadInput
 
 
@@ -101,14 +101,19 @@ def save_params(path: str, params):
     """One-off params checkpoint (a stage's final params, a teacher). Written to a sibling directory, then
     renamed into place: a crash leaves either the old params or the new ones at `path`, never a mix."""
     path = os.path.abspath(path)
-    tmp, old = f"{path}.tmp-{uuid.uuid4().hex[:8]}", f"{path}.old"
+    tmp, old = f"{path}.tmp", f"{path}.old"  # the same names on every process: orbax writes one checkpoint from all
+    if hosts.is_lead():
+        shutil.rmtree(tmp, ignore_errors=True)  # a killed earlier save's
+    hosts.barrier(f"save_params:{path}:start")
     with ocp.StandardCheckpointer() as ckptr:
         ckptr.save(tmp, params)
-    if os.path.exists(path):
+    if hosts.is_lead():
+        if os.path.exists(path):
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(path, old)
+        os.rename(tmp, path)
         shutil.rmtree(old, ignore_errors=True)
-        os.rename(path, old)
-    os.rename(tmp, path)
-    shutil.rmtree(old, ignore_errors=True)
+    hosts.barrier(f"save_params:{path}:done")
 
 
 def load_params(path: str, abstract_params):

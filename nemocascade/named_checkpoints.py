@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 
+from nemocascade import hosts
 from nemocascade.files import atomic_write
 
 STAGE, BEST = "stage:", "best:"
@@ -71,6 +72,8 @@ class NamedCheckpoints:
                 self.data["best"][domain] = {"stage": name, "score": float(score)}
 
     def _write(self) -> None:
+        if not hosts.is_lead():  # every process holds the same registry; process 0 writes it
+            return
         os.makedirs(self.dir, exist_ok=True)
         atomic_write(self.file, json.dumps(self.data, indent=2) + "\n")
 
@@ -140,8 +143,9 @@ def check_manifest(checkpoint_dir: str, current: dict) -> None:
     stages, e.g. arms added to a finished run, are added to it)."""
     path = os.path.join(checkpoint_dir, "manifest.json")
     if not os.path.exists(path):
-        os.makedirs(checkpoint_dir, exist_ok=True)
-        atomic_write(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
+        if hosts.is_lead():
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            atomic_write(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
         return
     with open(path) as f:
         saved = json.load(f)
@@ -154,5 +158,5 @@ def check_manifest(checkpoint_dir: str, current: dict) -> None:
                     f"says {new.get(key)!r}. Resuming would mix two experiments in one set of checkpoints: use a "
                     f"new --workdir, or restore the original mapping.")
     merged = {section: {**saved.get(section, {}), **current.get(section, {})} for section in ("rewards", "teachers")}
-    if merged != saved:  # a run extended by new stages records their mappings too
+    if merged != saved and hosts.is_lead():  # a run extended by new stages records their mappings too
         atomic_write(path, json.dumps(merged, indent=2, sort_keys=True) + "\n")

@@ -34,6 +34,7 @@ from typing import Any, Iterable
 import tensorboardX
 import tqdm
 
+from nemocascade import hosts
 from nemocascade.errors import BadInput
 from nemocascade.files import atomic_write
 
@@ -99,8 +100,11 @@ class RunLog:
     this workdir recorded (0 for a new one): a resumed run's total is it plus the resuming process's time.
     """
 
-    def __init__(self, workdir: str, config_name: str, variant: str | None, seed: int):
+    def __init__(self, workdir: str, config_name: str, variant: str | None, seed: int, writes: bool | None = None):
+        """`writes`: whether this process writes the files (default: process 0 only; the others keep the same
+        summary and step bookkeeping in memory)."""
         self.workdir = workdir
+        self.writes = hosts.is_lead() if writes is None else writes
         os.makedirs(workdir, exist_ok=True)
         self._summary_path = os.path.join(workdir, SUMMARY_FILE)
         self._metrics_path = os.path.join(workdir, METRICS_FILE)
@@ -149,6 +153,8 @@ class RunLog:
             self._next_global = max(self._next_global, row["global_step"] + 1)
 
     def _rewrite_metrics(self, rows: list[dict]) -> None:
+        if not self.writes:
+            return
         self._close_metrics_file()
         atomic_write(self._metrics_path, "".join(json.dumps(r) + "\n" for r in rows))
 
@@ -188,7 +194,8 @@ class RunLog:
         self._last_step[stage] = step
         global_step = self._offsets[stage] + step
         self._next_global = max(self._next_global, global_step + 1)
-
+        if not self.writes:
+            return
         if self._metrics_file is None:
             self._metrics_file = open(self._metrics_path, "a")
         row = {"stage": stage, "step": step, "global_step": global_step, "time": time.time(), **values}
@@ -245,7 +252,8 @@ class RunLog:
     # ---- summary.json -----------------------------------------------------------------------------
 
     def _write_summary(self) -> None:
-        atomic_write(self._summary_path, json.dumps(self.summary, indent=2) + "\n")
+        if self.writes:
+            atomic_write(self._summary_path, json.dumps(self.summary, indent=2) + "\n")
 
     def stage_done(self, name: str) -> bool:
         """True iff ``summary.json`` already holds stage ``name`` (a resumed run skips it)."""

@@ -23,6 +23,7 @@ import socket
 import sys
 import time
 
+from nemocascade import hosts
 from nemocascade.configs import flatten, parse_stage_order
 from nemocascade.errors import BadInput, WorkdirBusy
 from nemocascade.files import atomic_write
@@ -108,11 +109,13 @@ def config_changes(old: dict, new: dict, defaults: dict | None = None) -> tuple[
 
 def save_config(workdir: str, config: dict) -> None:
     """Record `config` as the one this workdir runs (after `check_config` and every other resume check passed,
-    so a refused start changes nothing)."""
-    atomic_write(os.path.join(workdir, CONFIG_FILE), json.dumps(_plain(config), indent=2, sort_keys=True) + "\n")
+    so a refused start changes nothing). Process 0 writes it."""
+    if hosts.is_lead():
+        atomic_write(os.path.join(workdir, CONFIG_FILE), json.dumps(_plain(config), indent=2, sort_keys=True) + "\n")
 
 
-def check_config(workdir: str, config: dict, allow=(), defaults: dict | None = None) -> list[tuple[str, object, object]]:
+def check_config(workdir: str, config: dict, allow=(),
+                 defaults: dict | None = None) -> list[tuple[str, object, object]]:
     """On a resume, refuse any change of the recorded config that is not allowed (module docstring); writes
     nothing. Returns the accepted changes (allowed keys, a grown stage list) to record in the run log. `defaults`:
     see `config_changes`."""
