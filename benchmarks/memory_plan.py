@@ -70,8 +70,8 @@ MESHES = {
     "dense": {8: {"fsdp": 8}, 16: {"fsdp": 8, "tensor": 2}, 64: {"fsdp": 16, "expert": 2, "tensor": 2}},
     "moe": {8: {"fsdp": 4, "expert": 2}, 16: {"fsdp": 4, "expert": 4}, 64: {"fsdp": 8, "expert": 8}},
 }
-ACCELERATORS = {"TPU v5e (16 GiB)": 16, "TPU v4 / v5p (32 / 95 GiB)": 32, "A100 40G": 40, "A100/H100 80G": 80,
-                "TPU v5p 95G": 95, "H200 141G": 141}
+ACCELERATORS = {"TPU v5e 16G": 16, "TPU v4 32G": 32, "A100 40G": 40, "A100/H100 80G": 80, "TPU v5p 95G": 95,
+                "H200 141G": 141}
 
 
 @dataclasses.dataclass(frozen=True)
