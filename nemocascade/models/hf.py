@@ -125,7 +125,7 @@ def config_from_hf(hf: dict, param_dtype: str = "float32", where: str = "config.
     """Our ModelConfig for an HF Llama / Qwen2 / Qwen3 config dict (`where` names it in errors)."""
     kind = hf.get("model_type")
     if kind == "nemotron_h":
-        return hybrid.config_from_hf(hf, param_dtype, where)
+        return tf.ModelConfig(**hybrid.config_from_hf(hf, param_dtype, where))
     if kind not in FAMILIES:
         raise ValueError(f"{where}: model_type {kind!r} is not supported; supported: {sorted(FAMILIES)}")
     _, qkv_bias, qk_norm = FAMILIES[kind]

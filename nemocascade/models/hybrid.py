@@ -22,7 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from nemocascade.models import transformer as tf
+from nemocascade.models import blocks as tf
 
 KINDS = {"M": "mamba", "*": "attn", "-": "mlp", "E": "moe"}
 
@@ -307,8 +307,9 @@ def _float(x):
     return float(x["__float__"]) if isinstance(x, dict) and "__float__" in x else float(x)
 
 
-def config_from_hf(hf: dict, param_dtype: str, where: str):
-    """Our ModelConfig for a nemotron_h config dict; anything the model function does not compute is refused."""
+def config_from_hf(hf: dict, param_dtype: str, where: str) -> dict:
+    """Our ModelConfig's keys for a nemotron_h config dict; anything the model function does not compute is
+    refused."""
     if hf.get("layers_block_type"):
         unknown = sorted(set(hf["layers_block_type"]) - set(HF_KINDS))
         if unknown:
@@ -342,7 +343,7 @@ def config_from_hf(hf: dict, param_dtype: str, where: str):
                    routed_scaling=float(hf.get("routed_scaling_factor", 1.0)))
     limit = get("time_step_limit", "mamba_dt_limit", default=(0.0, float("inf")))
     n_heads = hf["num_attention_heads"]
-    return tf.ModelConfig(
+    return dict(
         vocab_size=hf["vocab_size"], d_model=hf["hidden_size"], n_layers=len(pattern), n_heads=n_heads,
         n_kv_heads=hf.get("num_key_value_heads") or n_heads,
         head_dim=hf.get("head_dim") or hf["hidden_size"] // n_heads,

@@ -24,13 +24,16 @@ Masking follows left padding: `valid[b, t]` marks real tokens, padded keys are n
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from nemocascade.models import hybrid
+from nemocascade.models.blocks import (KVCache, RouterStats, _no_stats, attend, attention, load_balancing_loss,  # noqa: F401
+                                       mlp, mlp_axes, mlp_shapes, moe, moe_axes, moe_shapes, rms_norm, rope, route)
+
 Params = dict[str, Any]
-_NEG_INF = -1e30  # finite, so fully-masked (padding) rows stay NaN-free
 
 
 def auto_dtype(backend: str | None = None) -> str:
@@ -108,7 +111,6 @@ class ModelConfig:
             raise ValueError(f"model.n_expert_groups={self.n_expert_groups} must divide model.n_experts="
                              f"{self.n_experts} and be >= model.topk_groups={self.topk_groups}")
         if self.layer_pattern:
-            from nemocascade.models import hybrid
             hybrid.check(self)
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.n_kv_heads}")
@@ -133,7 +135,6 @@ class ModelConfig:
 def param_axes(cfg: ModelConfig) -> Params:
     """Logical axis names of every parameter, in the same pytree structure as the params."""
     if cfg.layer_pattern:
-        from nemocascade.models import hybrid
         return hybrid.param_axes(cfg)
     layer = {
         "attn_norm": ("layers", "norm"),
@@ -157,7 +158,6 @@ def param_axes(cfg: ModelConfig) -> Params:
 
 def param_shapes(cfg: ModelConfig) -> Params:
     if cfg.layer_pattern:
-        from nemocascade.models import hybrid
         return hybrid.param_shapes(cfg)
     L, D, H, K, Dh, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim,
                             cfg.d_ff, cfg.vocab_size)
@@ -174,32 +174,12 @@ def param_shapes(cfg: ModelConfig) -> Params:
     return shapes
 
 
-def mlp_axes(cfg: ModelConfig, prefix: str, lead=("layers",)) -> Params:
-    """A SwiGLU MLP's gate/up/down (a relu2 MLP's up/down) logical axes, named `prefix` + gate/up/down."""
-    axes = {prefix + "up": (*lead, "embed", "mlp"), prefix + "down": (*lead, "mlp", "embed")}
-    return axes | ({prefix + "gate": (*lead, "embed", "mlp")} if cfg.mlp_act == "swiglu" else {})
 
 
-def mlp_shapes(cfg: ModelConfig, prefix: str, L: int, F: int, lead=()) -> Params:
-    D = cfg.d_model
-    shapes = {prefix + "up": (L, *lead, D, F), prefix + "down": (L, *lead, F, D)}
-    return shapes | ({prefix + "gate": (L, *lead, D, F)} if cfg.mlp_act == "swiglu" else {})
 
 
-def moe_axes(cfg: ModelConfig) -> Params:
-    """Routed experts on the mesh's expert axis; the router's expert dim is replicated."""
-    axes = {"router": ("layers", "embed", None)} | mlp_axes(cfg, "we_", ("layers", "experts"))
-    if cfg.router == "sigmoid":
-        axes["router_bias"] = ("layers", None)
-    return axes | (mlp_axes(cfg, "ws_") if cfg.d_ff_shared else {})
 
 
-def moe_shapes(cfg: ModelConfig, L: int) -> Params:
-    E = cfg.n_experts
-    shapes = {"router": (L, cfg.d_model, E)} | mlp_shapes(cfg, "we_", L, cfg.d_ff_expert, (E,))
-    if cfg.router == "sigmoid":
-        shapes["router_bias"] = (L, E)
-    return shapes | (mlp_shapes(cfg, "ws_", L, cfg.d_ff_shared) if cfg.d_ff_shared else {})
 
 
 def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
@@ -234,154 +214,29 @@ def count_params(params: Params) -> int:
 # Building blocks
 
 
-def rms_norm(x, weight, eps):
-    """y = x / sqrt(mean(x^2) + eps) * weight, computed in float32 (as HF Llama/Qwen)."""
-    x32 = x.astype(jnp.float32)
-    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
-    return (y * weight.astype(jnp.float32)).astype(x.dtype)
 
 
-def rope(x, positions, theta):
-    """Rotary embedding, HF 'rotate_half' layout. x [B, T, N, Dh], positions [B, T] int."""
-    half = x.shape[-1] // 2
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, half, dtype=jnp.float32) * 2.0 / x.shape[-1]))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, half]
-    cos = jnp.cos(angles)[:, :, None, :]
-    sin = jnp.sin(angles)[:, :, None, :]
-    x32 = x.astype(jnp.float32)
-    x1, x2 = x32[..., :half], x32[..., half:]
-    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-    return out.astype(x.dtype)
 
 
-def attention(q, k, v, mask):
-    """Grouped-query attention. q [B, T, H, Dh]; k, v [B, S, K, Dh]; mask [B, T, S] bool."""
-    B, T, H, Dh = q.shape
-    K = k.shape[2]
-    q = q.reshape(B, T, K, H // K, Dh)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) / (Dh ** 0.5)
-    scores = jnp.where(mask[:, None, None, :, :], scores, _NEG_INF)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
-    return out.reshape(B, T, H, Dh)
 
 
-def mlp(cfg: ModelConfig, x, p, prefix: str, dt):
-    """The MLP whose weights are p[prefix + gate/up/down], on x [..., D]: SwiGLU, silu(x gate) * (x up) then
-    down; or with mlp_act "relu2", relu(x up)^2 then down."""
-    up = jnp.einsum("...d,df->...f", x, p[prefix + "up"].astype(dt))
-    if cfg.mlp_act == "relu2":
-        hidden = jnp.square(jax.nn.relu(up))
-    else:
-        hidden = jax.nn.silu(jnp.einsum("...d,df->...f", x, p[prefix + "gate"].astype(dt))) * up
-    return jnp.einsum("...f,fd->...d", hidden, p[prefix + "down"].astype(dt))
 
 
-def route(cfg: ModelConfig, logits, p):
-    """(probabilities [N, E] for the load-balancing statistics, chosen experts [N, k], their weights [N, k]) from
-    router logits [N, E] float32 (`ModelConfig.router`)."""
-    k = cfg.n_experts_per_tok
-    if cfg.router == "softmax":
-        probs = jax.nn.softmax(logits, axis=-1)
-        weights, experts = jax.lax.top_k(probs, k)
-        if cfg.norm_topk_prob:
-            weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-        return probs, experts, weights
-    scores = jax.nn.sigmoid(logits)
-    choice = scores + p["router_bias"].astype(jnp.float32)
-    N, E, G = logits.shape[0], cfg.n_experts, cfg.n_expert_groups
-    if G > 1:  # keep the best topk_groups groups, each scored by the sum of its two best experts
-        grouped = choice.reshape(N, G, E // G)
-        group_score = jnp.sum(jax.lax.top_k(grouped, min(2, E // G))[0], axis=-1)
-        _, best = jax.lax.top_k(group_score, cfg.topk_groups)
-        keep = jnp.zeros((N, G), bool).at[jnp.arange(N)[:, None], best].set(True)
-        choice = jnp.where(jnp.repeat(keep, E // G, axis=1), choice, -jnp.inf)
-    _, experts = jax.lax.top_k(choice, k)
-    weights = jnp.take_along_axis(scores, experts, axis=-1)
-    if cfg.norm_topk_prob:
-        weights = weights / (jnp.sum(weights, axis=-1, keepdims=True) + 1e-20)
-    return scores / jnp.sum(scores, axis=-1, keepdims=True), experts, weights * cfg.routed_scaling
 
 
-class RouterStats(NamedTuple):
-    """Sums over layers and real tokens that the load-balancing loss needs (`load_balancing_loss`):
-    top-k assignments per expert, router probability per expert, and rows (tokens x layers)."""
-    counts: jax.Array  # [E]
-    probs: jax.Array   # [E]
-    rows: jax.Array    # []
 
 
-def moe(cfg: ModelConfig, x, p, dt, tok_valid):
-    """Routed experts, dropless: every token reaches its `n_experts_per_tok` experts (`route`, in float32), as a
-    grouped matmul over the (token, expert) pairs sorted by expert (`lax.ragged_dot`), plus the shared expert.
-    Experts are SwiGLU or relu2 MLPs (`mlp_act`). x [B, T, D]; tok_valid [B, T] bool marks the tokens the router
-    statistics count. Returns (out [B, T, D], RouterStats)."""
-    B, T, D = x.shape
-    E, k = cfg.n_experts, cfg.n_experts_per_tok
-    flat = x.reshape(B * T, D)
-    router = p["router"]
-    logits = (jnp.einsum("nd,de->ne", flat.astype(jnp.float32), router.astype(jnp.float32)) if cfg.router == "sigmoid"
-              else jnp.einsum("nd,de->ne", flat, router.astype(dt), preferred_element_type=jnp.float32))
-    probs, top_e, top_p = route(cfg, logits, p)  # [N, E], [N, k], [N, k]
-    expert = top_e.reshape(-1)  # the N*k (token, expert) pairs, token-major
-    order = jnp.argsort(expert, stable=True)
-    token = order // k
-    sizes = jnp.bincount(expert, length=E).astype(jnp.int32)
-    xs = flat[token]
-    up = jax.lax.ragged_dot(xs, p["we_up"].astype(dt), sizes)
-    hidden = (jnp.square(jax.nn.relu(up)) if cfg.mlp_act == "relu2"
-              else jax.nn.silu(jax.lax.ragged_dot(xs, p["we_gate"].astype(dt), sizes)) * up)
-    ys = jax.lax.ragged_dot(hidden, p["we_down"].astype(dt), sizes)
-    ys = ys * top_p.reshape(-1)[order][:, None].astype(ys.dtype)
-    out = jnp.zeros_like(flat).at[token].add(ys).reshape(B, T, D)
-    if cfg.d_ff_shared:
-        out = out + mlp(cfg, x, p, "ws_", dt)
-    w = tok_valid.reshape(-1).astype(jnp.float32)
-    stats = RouterStats(jnp.zeros((E,), jnp.float32).at[expert].add(jnp.repeat(w, k)),
-                        jnp.sum(probs * w[:, None], axis=0), jnp.sum(w))
-    return out, stats
 
 
-def load_balancing_loss(cfg: ModelConfig, stats: RouterStats):
-    """Switch Transformer's auxiliary loss over all layers, as transformers' Qwen3-MoE computes it:
-    n_experts * sum_e (top-k assignments to e / rows) * (router probability of e / rows): k when the load is
-    spread evenly, up to n_experts * k when one expert takes every token with probability 1."""
-    rows = jnp.maximum(stats.rows, 1.0)
-    return cfg.n_experts * jnp.sum((stats.counts / rows) * (stats.probs / rows))
 
 
-def _no_stats(cfg: ModelConfig) -> RouterStats:
-    z = jnp.zeros((cfg.n_experts,), jnp.float32)
-    return RouterStats(z, z, jnp.zeros((), jnp.float32))
 
 
-class KVCache(NamedTuple):
-    """Per-layer keys/values for `max_len` slots and which slots hold real tokens.
-
-    k, v: [attention layers, B, max_len, n_kv_heads, head_dim]; valid: [B, max_len] bool.
-    Slot s holds the s-th token of the (left-padded) sequence; rotary positions are stored in k already.
-    A hybrid model (models/hybrid.py) also carries each Mamba-2 layer's recurrent state: conv [mamba layers, B,
-    conv_kernel - 1, conv channels] (the last inputs of its causal convolution) and ssm [mamba layers, B, heads,
-    head_dim, state] float32.
-    """
-    k: jax.Array
-    v: jax.Array
-    valid: jax.Array
-    conv: jax.Array | None = None
-    ssm: jax.Array | None = None
-
-    def repeat_rows(self, G: int) -> "KVCache":
-        """Every row repeated G times, a prompt's copies adjacent (one prefill shared by G samples)."""
-        if G == 1:
-            return self
-        rep = lambda x, axis: None if x is None else jnp.repeat(x, G, axis=axis)  # noqa: E731
-        return KVCache(rep(self.k, 1), rep(self.v, 1), rep(self.valid, 0), rep(self.conv, 1), rep(self.ssm, 1))
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
     dtype = jnp.dtype(cfg.dtype)
     if cfg.layer_pattern:
-        from nemocascade.models import hybrid
         return hybrid.init_cache(cfg, batch, max_len)
     shape = (cfg.n_layers, batch, max_len, cfg.n_kv_heads, cfg.head_dim)
     return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype), jnp.zeros((batch, max_len), bool))
@@ -402,31 +257,6 @@ def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None, tok_val
     return x + mlp(cfg, h, p, "w_", dt), kv, None
 
 
-def attend(cfg: ModelConfig, h, p, positions, mask, kv=None, start=None):
-    """Grouped-query self-attention of the normed input h [B, T, D] (rotary unless `cfg.rope` is False) ->
-    (output [B, T, D], kv as `_layer` describes)."""
-    dt = jnp.dtype(cfg.dtype)
-    w = lambda name: p[name].astype(dt)  # noqa: E731  (cast params to the compute dtype)
-    q = jnp.einsum("btd,dhk->bthk", h, w("wq"))
-    k = jnp.einsum("btd,dhk->bthk", h, w("wk"))
-    v = jnp.einsum("btd,dhk->bthk", h, w("wv"))
-    if cfg.qkv_bias:
-        q, k, v = q + w("bq"), k + w("bk"), v + w("bv")
-    if cfg.qk_norm:
-        q = rms_norm(q, p["q_norm"], cfg.norm_eps)
-        k = rms_norm(k, p["k_norm"], cfg.norm_eps)
-    if cfg.rope:
-        q = rope(q, positions, cfg.rope_theta)
-        k = rope(k, positions, cfg.rope_theta)
-    if kv is not None:
-        ck, cv, layer = kv
-        ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, start, 0, 0))
-        cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, start, 0, 0))
-        # attend over the first mask.shape[-1] slots only (the caller's static bound on the filled ones)
-        S = mask.shape[-1]
-        visible = lambda c: jax.lax.dynamic_slice(c, (layer, 0, 0, 0, 0), (1, c.shape[1], S) + c.shape[3:])[0]  # noqa: E731
-        k, v, kv = visible(ck), visible(cv), (ck, cv)
-    return jnp.einsum("bthk,hkd->btd", attention(q, k, v, mask), w("wo")), kv
 
 
 def _decoder(params: Params, cfg: ModelConfig, tokens, positions, mask, kv=None, start=0, tok_valid=None):
@@ -436,7 +266,6 @@ def _decoder(params: Params, cfg: ModelConfig, tokens, positions, mask, kv=None,
     if tok_valid is None:
         tok_valid = jnp.ones(tokens.shape, bool)
     if cfg.layer_pattern:
-        from nemocascade.models import hybrid
         return hybrid.decoder(params, cfg, tokens, positions, mask, kv, start, tok_valid)
     x = params["embed"].astype(jnp.dtype(cfg.dtype))[tokens]
 
