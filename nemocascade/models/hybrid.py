@@ -225,19 +225,17 @@ def decoder(params, cfg, tokens, positions, mask, cache=None, start=0, tok_valid
 
     def layer(kind, x, p, j, k_all, v_all, conv_j, ssm_j):
         h = tf.rms_norm(x, p["norm"], cfg.norm_eps)
-        new = (k_all, v_all, conv_j, ssm_j, None)
+        st = None
         if kind == "mamba":
             out, conv_j, ssm_j = mamba(cfg, h, p, tok_valid, conv_j, ssm_j, decode)
-            new = (k_all, v_all, conv_j, ssm_j, None)
         elif kind == "attn":
             out, kv = tf.attend(cfg, h, p, positions, mask, None if k_all is None else (k_all, v_all, j), start)
-            new = (*(kv if kv is not None else (k_all, v_all)), conv_j, ssm_j, None)
+            k_all, v_all = kv if kv is not None else (k_all, v_all)
         elif kind == "mlp":
             out = tf.mlp(cfg, h, p, "", dt)
         else:
             out, st = tf.moe(cfg, h, p, dt, tok_valid)
-            new = (k_all, v_all, conv_j, ssm_j, st)
-        return x + out, new
+        return x + out, (k_all, v_all, conv_j, ssm_j, st)
 
     for c in cfg.layer_pattern:
         kind = KINDS[c]
