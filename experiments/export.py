@@ -21,7 +21,6 @@ Exit status: 0 done; 2 bad input (no such workdir, stage or file), with one line
 import copy
 import json
 import os
-import shutil
 import sys
 
 import ml_collections
@@ -29,7 +28,7 @@ from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 
-from nemocascade import cascade, chat, checkpoint, named_checkpoints  # noqa: E402
+from nemocascade import cascade, chat, checkpoint, files, named_checkpoints  # noqa: E402
 from nemocascade import mesh as mesh_lib  # noqa: E402
 from nemocascade.errors import BadInput  # noqa: E402
 from nemocascade.hf_tokenizer import HFTokenizer  # noqa: E402
@@ -43,10 +42,9 @@ _OUT = flags.DEFINE_string("out", None, "output directory (created)")
 
 
 def _read_json(path: str, what: str) -> dict:
-    if not os.path.exists(path):
+    if not files.exists(path):
         raise BadInput(f"{path}: no such file ({what}); is the workdir a finished run of experiments/run.py?")
-    with open(path) as f:
-        return json.load(f)
+    return files.read_json(path)
 
 
 def resolve_stage(workdir: str, name: str) -> str:
@@ -76,7 +74,7 @@ def run_model(cfg, workdir: str, mesh):
         model_cfg, _, tokenizer = cascade.load_pretrained(cfg.pretrained, mesh)  # the weights are dropped
         return model_cfg, tokenizer
     path = _sentencepiece_path(cfg, workdir)
-    if not os.path.exists(path):
+    if not files.exists(path):
         raise BadInput(f"{path}: the run's tokenizer is missing (config.tokenizer.path)")
     tokenizer = Tokenizer(path)
     return ModelConfig.from_dict({**cfg.model.to_dict(), "vocab_size": tokenizer.vocab_size}), tokenizer
@@ -85,6 +83,8 @@ def run_model(cfg, workdir: str, mesh):
 def export(workdir: str, stage: str, out: str) -> dict:
     """Write `stage`'s policy of the run in `workdir` to `out` (module docstring); returns what was written."""
     cfg = ml_collections.ConfigDict(_read_json(os.path.join(workdir, "config.json"), "the run's config"))
+    if not files.is_local(out):
+        raise BadInput(f"--out={out}: export writes a local directory (transformers loads from one); copy it after")
     name = resolve_stage(workdir, stage)
     path = os.path.join(workdir, "checkpoints", "final", name)  # where the run wrote it (cascade._final_path)
     mesh = mesh_lib.make_mesh()  # this machine's devices, whatever mesh the run trained on
@@ -102,7 +102,7 @@ def export(workdir: str, stage: str, out: str) -> dict:
         tokenizer.save(out)
         written += ["tokenizer.json", "tokenizer_config.json"]
     else:
-        shutil.copyfile(_sentencepiece_path(cfg, workdir), os.path.join(out, "tokenizer.model"))
+        files.atomic_write(os.path.join(out, "tokenizer.model"), files.read_bytes(_sentencepiece_path(cfg, workdir)))
         written.append("tokenizer.model")
     return {"stage": name, "params": path, "out": out, "files": written}
 

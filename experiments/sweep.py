@@ -62,7 +62,7 @@ def run_seeds(args, passthrough) -> int:
             wd = os.path.join(args.workdir, f"seed_{seed}")
             cmd = [sys.executable, os.path.join(HERE, "run.py"), f"--config={args.config}", f"--workdir={wd}",
                    f"--config.seed={seed}", *passthrough]
-            log = open(os.path.join(args.workdir, f"seed_{seed}.log"), "a")
+            log = open(_log_path(args, seed), "a")
             running[seed] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log, time.time())
             print(f"[sweep] seed {seed}: started ({wd})", flush=True)
         time.sleep(1.0)
@@ -70,6 +70,8 @@ def run_seeds(args, passthrough) -> int:
             if proc.poll() is None:
                 continue
             log.close()
+            if not files.is_local(args.workdir):  # the log was written here; a copy goes beside the seed's workdir
+                files.atomic_write(os.path.join(args.workdir, f"seed_{seed}.log"), files.read_bytes(log.name))
             del running[seed]
             status = "done" if proc.returncode == 0 else f"FAILED, exit {proc.returncode} (see seed_{seed}.log)"
             print(f"[sweep] seed {seed}: {status} in {time.time() - t0:.0f} s", flush=True)
@@ -77,13 +79,19 @@ def run_seeds(args, passthrough) -> int:
     return failed
 
 
+def _log_path(args, seed) -> str:
+    """Where seed `seed`'s output goes while it runs: beside its workdir, or in a local mirror of a remote one."""
+    local = args.workdir if files.is_local(args.workdir) else files.local_mirror(args.workdir)
+    os.makedirs(local, exist_ok=True)
+    return os.path.join(local, f"seed_{seed}.log")
+
+
 def aggregate(args) -> dict | None:
     summaries = {}
     for seed in args.seed_list:
         path = os.path.join(args.workdir, f"seed_{seed}", "summary.json")
-        if os.path.exists(path):
-            with open(path) as f:
-                summaries[seed] = json.load(f)
+        if files.exists(path):
+            summaries[seed] = files.read_json(path)
     if not summaries:
         print("[sweep] no seed has a summary.json yet", file=sys.stderr)
         return None
@@ -101,8 +109,7 @@ def aggregate(args) -> dict | None:
 def compare_arms(args, summaries: dict) -> None:
     """When the config compares arms from one checkpoint (`config.compare`: cascade_demo, mopd_vs_grpo) and some
     seed finished them: DIR/arms.json, arms_table.md and arms.png (`sweep_lib.arms`, claim (c))."""
-    with open(os.path.join(args.workdir, f"seed_{min(summaries)}", "config.json")) as f:
-        cmp = json.load(f).get("compare")
+    cmp = files.read_json(os.path.join(args.workdir, f"seed_{min(summaries)}", "config.json")).get("compare")
     if not cmp:
         return
     metrics = {seed: load_metrics(os.path.join(args.workdir, f"seed_{seed}", "metrics.jsonl")) for seed in summaries}
@@ -119,7 +126,7 @@ def compare_arms(args, summaries: dict) -> None:
 
 def main(argv):
     args, passthrough = parse(argv)
-    os.makedirs(args.workdir, exist_ok=True)
+    files.makedirs(args.workdir)
     status = 0 if args.aggregate_only else run_seeds(args, passthrough)
     aggregate(args)
     return status

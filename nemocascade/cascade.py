@@ -20,7 +20,6 @@ import functools
 import json
 import os
 import re
-import shutil
 import time
 
 import jax
@@ -81,6 +80,9 @@ def validate(cfg) -> None:
     p = cfg.get("pretrained") or {}  # data_dir and tokenizer.path are outputs too (made when missing): not checked
     if p.get("kind") not in (None, "", "gguf", "hf"):
         raise BadInput(f"config.pretrained.kind={p.kind!r}; choose 'gguf', 'hf' or '' (train from scratch)")
+    if p.get("kind") and p.get("path") and not files.is_local(p.path):
+        raise BadInput(f"config.pretrained.path={p.path!r}: a checkpoint to import is read from a local path "
+                       "(GGUF and safetensors are memory-mapped); copy it to this host first")
     if p.get("kind") and p.get("path") and not os.path.exists(p.path):
         raise BadInput(f"config.pretrained.path={p.path!r} does not exist")
 
@@ -298,10 +300,9 @@ def _paired_gains(ctx, before_stage: str | None, items: dict) -> dict:
     """{eval name: {"mean_gain", "ci95"}} of per-item test scores `items` against `before_stage`'s on the same
     items (paired bootstrap, `stats.paired_diff_ci95`); {} when that stage's per-item scores are not on disk."""
     path = _item_scores_path(ctx, before_stage) if before_stage else ""
-    if not os.path.exists(path):
+    if not path or not files.exists(path):
         return {}
-    with open(path) as f:
-        before = json.load(f)
+    before = files.read_json(path)
     out = {}
     for name, after in items.items():
         if len(before.get(name, ())) == len(after):
@@ -359,8 +360,8 @@ def _redo_from(ctx, first: str, changes) -> None:
     ckpt = os.path.join(ctx.workdir, "checkpoints")
     # a stage cut short leaves step checkpoints and metrics rows but no summary entry; resumed, it would continue
     partial = [n for n in ctx.log.logged_stages() if n not in recorded]
-    partial += [n for n in sorted(os.listdir(ckpt)) if os.path.isdir(os.path.join(ckpt, n)) and n not in
-                ("final", "rm", *recorded, *partial)] if os.path.isdir(ckpt) else []
+    partial += [n for n in files.listdir(ckpt) if files.isdir(os.path.join(ckpt, n)) and n not in
+                ("final", "rm", *recorded, *partial)]
     if first in recorded:  # it, what finished after it, and what was cut short after them
         kept, dropped = recorded[:recorded.index(first)], recorded[recorded.index(first):] + partial
     elif first in partial or first in ctx.cfg.stages:  # not finished here (yet): only its own leftovers go
@@ -381,9 +382,8 @@ def _redo_from(ctx, first: str, changes) -> None:
     if hosts.is_lead():
         for name in dropped:
             for path in (os.path.join(ckpt, name), _final_path(ctx, name), os.path.join(ckpt, "rm", name)):
-                shutil.rmtree(path, ignore_errors=True)
-            if os.path.exists(_item_scores_path(ctx, name)):
-                os.remove(_item_scores_path(ctx, name))
+                files.rmtree(path)
+            files.remove(_item_scores_path(ctx, name))
         named_checkpoints.NamedCheckpoints(ckpt).drop(dropped)
         named_checkpoints.drop_from_manifest(ckpt, dropped)
     ctx.log.summary.setdefault("redone", []).append({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "dropped": dropped})
@@ -520,12 +520,10 @@ def rescore(cfg, workdir: str, config_name: str, variant: str | None = None, all
 
 def _rescore_locked(cfg, workdir, config_name, variant, changes) -> dict:
     path = os.path.join(workdir, "summary.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            done = json.load(f).get("stages")
-    if not os.path.exists(path) or not done:  # before `setup`, which would build data and a tokenizer
+    done = files.read_json(path).get("stages") if files.exists(path) else None
+    if not done:  # before `setup`, which would build data and a tokenizer
         raise BadInput(f"{workdir}: no finished stage to rescore ({path} lists none)")
-    missing = [e["name"] for e in done if not os.path.exists(os.path.join(workdir, "checkpoints", "final", e["name"]))]
+    missing = [e["name"] for e in done if not files.exists(os.path.join(workdir, "checkpoints", "final", e["name"]))]
     if missing:
         raise BadInput(f"{workdir}: no final params for finished stage(s) {missing} under checkpoints/final")
     ctx = setup(cfg, workdir, config_name, variant)
@@ -574,7 +572,7 @@ def _report(ctx, name, scores):
 def _write_tables_and_plots(ctx):
     plot_dir = os.path.join(ctx.workdir, "plots")
     metrics = os.path.join(ctx.workdir, "metrics.jsonl")
-    rows = [r for r in open(metrics)] if os.path.exists(metrics) else []
+    rows = files.read_text(metrics).splitlines() if files.exists(metrics) else []
     keys = [k for k in CURVE_KEYS if any(f'"{k}"' in r for r in rows)]
     keys += sorted({k for r in rows for k in re.findall(r'"(eval/[^"]+/pass@1)"', r)})
     if keys:

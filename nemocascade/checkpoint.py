@@ -11,14 +11,12 @@ the target and renames into place, so the old params stay whole until the new on
 """
 from __future__ import annotations
 
-import os
-import shutil
 import sys
 
 import jax
 import orbax.checkpoint as ocp
 
-from nemocascade import hosts
+from nemocascade import files, hosts
 from nemocascade.errors import BadInput
 
 
@@ -30,7 +28,7 @@ def _why(err: BaseException) -> str:
 
 class StageCheckpointer:
     def __init__(self, directory: str, max_to_keep: int = 2, save_interval_steps: int = 1):
-        self.directory = os.path.abspath(directory)
+        self.directory = files.path(directory)  # an epath: orbax writes gs:// through TensorStore's own driver
         options = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
                                                save_interval_steps=save_interval_steps)
         self.manager = ocp.CheckpointManager(self.directory, options=options)
@@ -100,30 +98,30 @@ def abstract_like(tree, shardings):
 def save_params(path: str, params):
     """One-off params checkpoint (a stage's final params, a teacher). Written to a sibling directory, then
     renamed into place: a crash leaves either the old params or the new ones at `path`, never a mix."""
-    path = os.path.abspath(path)
+    path = str(files.path(path))
     tmp, old = f"{path}.tmp", f"{path}.old"  # the same names on every process: orbax writes one checkpoint from all
     if hosts.is_lead():
-        shutil.rmtree(tmp, ignore_errors=True)  # a killed earlier save's
+        files.rmtree(tmp)  # a killed earlier save's
     hosts.barrier(f"save_params:{path}:start")
     with ocp.StandardCheckpointer() as ckptr:
-        ckptr.save(tmp, params)
+        ckptr.save(files.path(tmp), params)
     if hosts.is_lead():
-        if os.path.exists(path):
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(path, old)
-        os.rename(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
+        if files.exists(path):
+            files.rmtree(old)
+            files.rename(path, old)
+        files.rename(tmp, path)
+        files.rmtree(old)
     hosts.barrier(f"save_params:{path}:done")
 
 
 def load_params(path: str, abstract_params):
     """Params saved by `save_params`; BadInput naming `path` if they are missing or unreadable."""
-    path = os.path.abspath(path)
-    if not os.path.exists(path) and os.path.exists(f"{path}.old"):
+    path = str(files.path(path))
+    if not files.exists(path) and files.exists(f"{path}.old"):
         path = f"{path}.old"  # killed between the two renames of save_params
     try:
         with ocp.StandardCheckpointer() as ckptr:
-            return ckptr.restore(path, abstract_params)
+            return ckptr.restore(files.path(path), abstract_params)
     except Exception as err:
         raise BadInput(f"params checkpoint {path} is missing or unreadable ({_why(err)}); rerun the stage "
                        "that wrote it (delete its entry from summary.json) or restore the directory") from None

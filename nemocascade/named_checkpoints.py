@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import os
 
-from nemocascade import hosts
+from nemocascade import files, hosts
 from nemocascade.files import atomic_write
 
 STAGE, BEST = "stage:", "best:"
@@ -39,9 +39,8 @@ class NamedCheckpoints:
         self.dir = checkpoint_dir
         self.file = os.path.join(checkpoint_dir, "registry.json")
         self.data = {"stages": {}, "best": {}}
-        if os.path.exists(self.file):
-            with open(self.file) as f:
-                self.data = json.load(f)
+        if files.exists(self.file):
+            self.data = files.read_json(self.file)
 
     def clear(self) -> None:
         """Forget every stage (in memory; the file is rewritten by the next `add_stage`): a rescore rebuilds the
@@ -74,7 +73,6 @@ class NamedCheckpoints:
     def _write(self) -> None:
         if not hosts.is_lead():  # every process holds the same registry; process 0 writes it
             return
-        os.makedirs(self.dir, exist_ok=True)
         atomic_write(self.file, json.dumps(self.data, indent=2) + "\n")
 
     def names(self) -> list[str]:
@@ -128,10 +126,9 @@ def manifest(cfg, rewards_of, teachers_of) -> dict:
 def drop_from_manifest(checkpoint_dir: str, stages) -> None:
     """Forget what stages `stages` meant (a redo discards them; the next start records them as configured then)."""
     path = os.path.join(checkpoint_dir, "manifest.json")
-    if not os.path.exists(path):
+    if not files.exists(path):
         return
-    with open(path) as f:
-        saved = json.load(f)
+    saved = files.read_json(path)
     gone = set(stages)
     saved["rewards"] = {k: v for k, v in saved.get("rewards", {}).items() if k.split("/")[0] not in gone}
     saved["teachers"] = {k: v for k, v in saved.get("teachers", {}).items() if k not in gone}
@@ -142,13 +139,11 @@ def check_manifest(checkpoint_dir: str, current: dict) -> None:
     """Write the manifest on the first start; on a resume, fail if a mapping it already holds changed (new
     stages, e.g. arms added to a finished run, are added to it)."""
     path = os.path.join(checkpoint_dir, "manifest.json")
-    if not os.path.exists(path):
+    if not files.exists(path):
         if hosts.is_lead():
-            os.makedirs(checkpoint_dir, exist_ok=True)
             atomic_write(path, json.dumps(current, indent=2, sort_keys=True) + "\n")
         return
-    with open(path) as f:
-        saved = json.load(f)
+    saved = files.read_json(path)
     for section in ("rewards", "teachers"):
         old, new = saved.get(section, {}), current.get(section, {})
         for key in sorted(set(old) & set(new)):  # stages added to a run (or dropped from its end) are fine

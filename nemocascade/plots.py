@@ -7,15 +7,15 @@ every domain", C1's per-stage tables): whether later stages regress earlier doma
 
 from __future__ import annotations
 
+import io
 import math
-import os
 
 # Figure objects, not pyplot: savefig renders through Agg, nothing opens a window, and importing
 # this module does not switch the backend of a notebook that also plots inline.
 from matplotlib.figure import Figure
 import numpy as np
 
-from nemocascade import stats
+from nemocascade import files, stats
 from nemocascade.run_log import load_metrics
 
 
@@ -28,8 +28,10 @@ def _trailing_mean(values: np.ndarray, window: int) -> np.ndarray:
 
 
 def _save(fig, out_png: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
-    fig.savefig(out_png, dpi=100)
+    """Render to memory, then one atomic write (local or remote: `files`)."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
+    files.atomic_write(out_png, buf.getvalue())
 
 
 def plot_metric_curves(

@@ -10,6 +10,11 @@ below are not ours to change:
 - ``metrics.jsonl``: one ``{"stage", "step", "global_step", "time", **metrics}`` object per line.
 - ``tb/``: TensorBoard scalars tagged ``f"{stage}/{key}"`` at ``global_step``.
 
+Storage. Every file goes through ``files`` (etils.epath), so the workdir may be ``gs://...``. An object can
+not be appended to: there metrics.jsonl is uploaded whole after each step, and TensorBoard writes its event files
+to a local mirror (``files.local_mirror``) copied to ``tb/`` at most every ``TB_UPLOAD_S`` seconds and at
+each stage's end.
+
 Global step. Each stage numbers its own steps; TensorBoard and the plots want one x axis for the
 whole cascade. The first step a stage logs maps to one past the last global step logged so far, and later
 steps keep the stage's own spacing: ``global_step = offset[stage] + step``. Offsets are rebuilt from
@@ -34,13 +39,14 @@ from typing import Any, Iterable
 import tensorboardX
 import tqdm
 
-from nemocascade import hosts
+from nemocascade import files, hosts
 from nemocascade.errors import BadInput
 from nemocascade.files import atomic_write
 
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
+TB_UPLOAD_S = 60.0  # a remote workdir's TensorBoard files are copied up at most this often (and at stage ends)
 
 # Keys each metrics.jsonl line owns; a metric of the same name would silently overwrite them.
 _RESERVED_METRIC_KEYS = ("stage", "step", "global_step", "time")
@@ -67,8 +73,11 @@ def load_metrics(path: str) -> list[dict]:
     A last line without its newline is a write cut short by a crash and is skipped; any other line
     that is not a JSON object with ``stage`` and ``step`` is a ValueError naming the line number.
     """
-    with open(path) as f:
-        text = f.read()
+    return parse_metrics(files.read_text(path), path)
+
+
+def parse_metrics(text: str, path: str = METRICS_FILE) -> list[dict]:
+    """`load_metrics` of the text of a metrics.jsonl (`path` names it in errors)."""
     lines = text.split("\n")
     if lines and not text.endswith("\n"):
         lines = lines[:-1]  # partial final write (or an empty file's single "")
@@ -105,16 +114,20 @@ class RunLog:
         summary and step bookkeeping in memory)."""
         self.workdir = workdir
         self.writes = hosts.is_lead() if writes is None else writes
-        os.makedirs(workdir, exist_ok=True)
+        self._remote = not files.is_local(workdir)
+        files.makedirs(workdir)
         self._summary_path = os.path.join(workdir, SUMMARY_FILE)
         self._metrics_path = os.path.join(workdir, METRICS_FILE)
         self._metrics_file = None
+        self._metrics_text: list[str] | None = None  # a remote metrics.jsonl's lines, uploaded whole
         self._tb = None
+        self._tb_dir = files.local_mirror(os.path.join(workdir, TB_DIR)) if self._remote else os.path.join(workdir,
+                                                                                                            TB_DIR)
+        self._tb_uploaded = 0.0
         self._tb_purge_step = None
 
-        if os.path.exists(self._summary_path):
-            with open(self._summary_path) as f:
-                self.summary = json.load(f)
+        if files.exists(self._summary_path):
+            self.summary = files.read_json(self._summary_path)
             # Skipping "finished" stages of a different run would silently mix two experiments.
             for key, want in (("config", config_name), ("variant", variant), ("seed", seed)):
                 if self.summary.get(key) != want:
@@ -135,14 +148,11 @@ class RunLog:
         self._last_step: dict[str, int] = {}
         self._stage_order: list[str] = []
         self._next_global = 0
-        if not os.path.exists(self._metrics_path):
+        if not files.exists(self._metrics_path):
             return
-        rows = load_metrics(self._metrics_path)
-        with open(self._metrics_path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(size - 1, 0))
-            cut_short = size > 0 and f.read(1) != b"\n"
-        if cut_short:  # drop the crash's half line so the next append starts on a line of its own
+        text = files.read_text(self._metrics_path)
+        rows = parse_metrics(text, self._metrics_path)
+        if text and not text.endswith("\n"):  # drop a crash's half line: the next append starts a line of its own
             self._rewrite_metrics(rows)
         for row in rows:
             stage, step = row["stage"], row["step"]
@@ -162,6 +172,27 @@ class RunLog:
         if self._metrics_file is not None:
             self._metrics_file.close()
             self._metrics_file = None
+        self._metrics_text = None
+
+    def _append_metrics(self, line: str) -> None:
+        if not self._remote:
+            if self._metrics_file is None:
+                self._metrics_file = files.path(self._metrics_path).open("a")
+            self._metrics_file.write(line)
+            self._metrics_file.flush()
+            return
+        if self._metrics_text is None:
+            self._metrics_text = [files.read_text(self._metrics_path)] if files.exists(self._metrics_path) else []
+        self._metrics_text.append(line)
+        atomic_write(self._metrics_path, "".join(self._metrics_text))
+
+    def _upload_tb(self, force: bool = False) -> None:
+        """Copy a remote workdir's TensorBoard files up (every TB_UPLOAD_S seconds, or now with `force`)."""
+        if self._remote and self.writes and (force or time.time() - self._tb_uploaded >= TB_UPLOAD_S):
+            if self._tb is not None:
+                self._tb.flush()
+            files.sync_tree(self._tb_dir, os.path.join(self.workdir, TB_DIR))
+            self._tb_uploaded = time.time()
 
     def log_step(self, stage: str, step: int, metrics: dict[str, Any]) -> None:
         """Append one line to metrics.jsonl (flushed) and one TensorBoard scalar per metric.
@@ -196,16 +227,13 @@ class RunLog:
         self._next_global = max(self._next_global, global_step + 1)
         if not self.writes:
             return
-        if self._metrics_file is None:
-            self._metrics_file = open(self._metrics_path, "a")
         row = {"stage": stage, "step": step, "global_step": global_step, "time": time.time(), **values}
-        self._metrics_file.write(json.dumps(row) + "\n")
-        self._metrics_file.flush()
+        self._append_metrics(json.dumps(row) + "\n")
 
         if self._tb is None:
             # purge_step makes TensorBoard hide events >= it from earlier (pre-crash) event files.
             self._tb = tensorboardX.SummaryWriter(
-                os.path.join(self.workdir, TB_DIR),
+                self._tb_dir,
                 purge_step=self._tb_purge_step,
                 flush_secs=10,
                 filename_suffix=f".{os.getpid()}.{next(_TB_WRITER_IDS)}",
@@ -213,6 +241,7 @@ class RunLog:
             self._tb_purge_step = None
         for key, value in values.items():
             self._tb.add_scalar(f"{stage}/{key}", value, global_step)
+        self._upload_tb()
 
     def truncate_after(self, stage: str, step: int) -> None:
         """Drop metrics.jsonl lines of ``stage`` with ``step > step`` (atomic rewrite).
@@ -225,7 +254,7 @@ class RunLog:
     def _drop_rows(self, gone, purge_step: int | None) -> None:
         """Rewrite metrics.jsonl without the rows `gone(row)` picks, once; TensorBoard's next event file hides global
         steps from `purge_step` on (None: nothing logged to hide)."""
-        if not os.path.exists(self._metrics_path):
+        if not files.exists(self._metrics_path):
             return
         self._rewrite_metrics([r for r in load_metrics(self._metrics_path) if not gone(r)])
         if purge_step is not None:
@@ -316,6 +345,7 @@ class RunLog:
             stages.append(entry)
         self.summary["total_wall_s"] = sum(s["wall_s"] for s in stages)
         self._write_summary()
+        self._upload_tb(force=True)
         return entry
 
     def record_config_changes(self, changes: list[tuple[str, object, object]]) -> None:
@@ -343,6 +373,7 @@ class RunLog:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        self._upload_tb(force=True)
 
     def __enter__(self) -> "RunLog":
         return self

@@ -29,6 +29,7 @@ import numpy as np
 import sentencepiece as spm
 from sentencepiece import sentencepiece_model_pb2
 
+from nemocascade import files
 from nemocascade.files import atomic_write
 from nemocascade.chat import SPECIAL_TOKENS
 
@@ -61,8 +62,7 @@ class Tokenizer:
     """A loaded SentencePiece model with the chat special tokens (see module docstring for the contract)."""
 
     def __init__(self, model_path: str):
-        with open(model_path, "rb") as f:
-            self._load(f.read())
+        self._load(files.read_bytes(model_path))
 
     @classmethod
     def from_serialized(cls, proto: bytes) -> "Tokenizer":
@@ -194,7 +194,7 @@ def load_or_train(path: str, corpus: Callable[[], Iterable[str]], vocab_size: in
     `corpus` is only called when training is needed. A cached model trained with a different
     `vocab_size` or `model_type` raises instead of silently changing the model's vocabulary.
     """
-    if os.path.exists(path):
+    if files.exists(path):
         tok = Tokenizer(path)
         pb = sentencepiece_model_pb2
         spec = pb.ModelProto.FromString(tok.serialized()).trainer_spec

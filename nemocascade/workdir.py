@@ -3,7 +3,8 @@
 Lock. `workdir/.lock` is `flock`ed (exclusive, non-blocking) for the whole run and holds the owner's pid, host
 and start time. The kernel drops the lock when the process dies however it dies, so a killed run never leaves
 a stale lock; a second run on the same workdir stops at once with `errors.WorkdirBusy` naming the holder.
-(flock is per host: on a network filesystem shared by several hosts only process 0 of a run takes it.)
+(flock is per host: on a network filesystem shared by several hosts only process 0 of a run takes it. A workdir on
+an object store, `gs://...`, cannot be locked: a warning says so.)
 
 Config. The first start writes the full resolved config to `config.json` (`save_config`). A later start on the
 same workdir is a resume: its config must equal the recorded one, key by key, or it is refused
@@ -23,7 +24,7 @@ import socket
 import sys
 import time
 
-from nemocascade import hosts
+from nemocascade import files, hosts
 from nemocascade.configs import flatten, parse_stage_order
 from nemocascade.errors import BadInput, WorkdirBusy
 from nemocascade.files import atomic_write
@@ -40,6 +41,10 @@ class WorkdirLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
+        if not files.is_local(self.path):  # an object store has no locks
+            print(f"warning: {self.path} is not on a local filesystem, so the workdir cannot be locked; nothing "
+                  "stops a second run on this workdir", file=sys.stderr)
+            return
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -120,11 +125,10 @@ def check_config(workdir: str, config: dict, allow=(),
     nothing. Returns the accepted changes (allowed keys, a grown stage list) to record in the run log. `defaults`:
     see `config_changes`."""
     path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.exists(path):
+    if not files.exists(path):
         return []
     try:
-        with open(path) as f:
-            recorded = json.load(f)
+        recorded = files.read_json(path)
     except (OSError, ValueError) as err:
         raise BadInput(f"{path} is unreadable ({err}); it records the config this workdir was started with. "
                        "Restore it, or use a new --workdir") from None

@@ -10,6 +10,10 @@ Caching: the config name is ``<domain>_<12 hex of sha256>`` over the domain, its
 ``version``, the seed, the three sizes and every generator option, so any change builds a fresh
 dataset instead of silently reusing stale files. Re-running with identical arguments only
 opens the existing files.
+
+Remote ``data_dir`` (``gs://...``): array_record is written and read by C++ on local files only, so the dataset is
+built in (or copied down to) a local mirror of ``data_dir`` on each host (``files.local_mirror``) and copied up to
+``data_dir``, its ``dataset_info.json`` last: a copy cut short is not taken for a finished dataset.
 """
 
 from __future__ import annotations
@@ -23,9 +27,11 @@ import os
 import tensorflow_datasets as tfds
 from absl import logging as absl_logging
 
+from nemocascade import files
 from nemocascade.data.domains import RECORD_KEYS, SPLITS, generate_split, get_domain
 
 DATASET_VERSION = "1.1.0"  # 1.1.0: a validation split, taken out of train (test unchanged)
+_DONE_FILE = "dataset_info.json"  # TFDS takes a directory holding it for a prepared dataset
 
 
 @dataclasses.dataclass
@@ -181,10 +187,17 @@ def prepare(domain: str, data_dir: str, num_train: int, num_test: int, seed: int
 
     Records are ``generate_split(domain, split, n, seed, **opts)`` in order, as str dicts.
     """
-    args = dict(domain=domain, data_dir=os.fspath(data_dir), num_train=num_train,
-                num_test=num_test, seed=seed, opts=opts, num_val=num_val)
+    remote = None if files.is_local(data_dir) else os.fspath(data_dir)
+    args = dict(domain=domain, data_dir=files.local_mirror(remote) if remote else os.fspath(data_dir),
+                num_train=num_train, num_test=num_test, seed=seed, opts=opts, num_val=num_val)
     b = builder(**args)
+    if remote:  # this dataset's directory, if an earlier run (or another host) built it there
+        mirrored = os.path.join(remote, os.path.relpath(b.data_dir, args["data_dir"]))
+        files.sync_tree(mirrored, b.data_dir, last=_DONE_FILE)
+        b = builder(**args)  # sees what was copied down
     with _quiet():
         b.download_and_prepare()
         sources = b.as_data_source()
+    if remote:
+        files.sync_tree(b.data_dir, mirrored, last=_DONE_FILE)
     return {split: RecordSource(args, split, sources[split]) for split in SPLITS}
