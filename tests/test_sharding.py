@@ -1,7 +1,7 @@
 """Sharding on 8 fake CPU devices: forward, loss and gradients on the (data, fsdp, tensor) mesh, and a mixture
-of experts' on the (fsdp, expert, tensor) mesh, equal the single-device ones; policy, reference and teacher params
-live on the same mesh with the same shardings. Runs in a subprocess because the device count is fixed when JAX
-starts."""
+of experts' (and a Nemotron-H hybrid's) on the (fsdp, expert, tensor) mesh, equal the single-device ones; policy,
+reference and teacher params live on the same mesh with the same shardings. Runs in a subprocess because the
+device count is fixed when JAX starts."""
 import os
 import subprocess
 import sys
@@ -17,17 +17,25 @@ SCRIPT = textwrap.dedent("""
 
     import sys
     assert jax.device_count() == 8, jax.devices()
-    moe = sys.argv[1] == "moe"
-    cfg = ModelConfig(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64,
-                      **(dict(n_experts=4, n_experts_per_tok=2, d_ff_expert=16, d_ff_shared=16, norm_topk_prob=True,
-                              router_aux_coef=0.01) if moe else {}))
+    kind = sys.argv[1]
+    moe, hybrid = kind in ("moe", "hybrid"), kind == "hybrid"
+    experts = dict(n_experts=4, n_experts_per_tok=2, d_ff_expert=16, d_ff_shared=16, norm_topk_prob=True,
+                   router_aux_coef=0.01)
+    if hybrid:  # Nemotron-H: Mamba-2, attention, MLP and MoE layers, a sigmoid router with expert groups
+        experts |= dict(layer_pattern="ME*-M", n_layers=5, rope=False, mlp_act="relu2", router="sigmoid",
+                        n_expert_groups=2, topk_groups=1, mamba_heads=4, mamba_head_dim=4, ssm_state=6,
+                        mamba_groups=2, conv_kernel=3, mamba_chunk=4)
+    cfg = ModelConfig(**{**dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64),
+                         **(experts if moe else {})})
     axes = {"fsdp": 2, "expert": 2, "tensor": 2} if moe else {"data": 2, "fsdp": 2, "tensor": 2}
     mesh = mesh_lib.make_mesh(axes)
     batch_axes = ("fsdp", "expert") if moe else ("data", "fsdp")
+    group = (lambda tree, name: tree["moe" if name.startswith("we_") else "attn"]) if hybrid else (
+        lambda tree, name: tree["layers"])  # where a weight lives: hybrid params are grouped by layer kind
     mlp = "we_up" if moe else "w_up"
     shard = param_shardings(cfg, mesh)
     if moe:  # each device holds half the experts
-        assert shard["layers"]["we_up"].spec == jax.sharding.PartitionSpec(None, "expert", "fsdp", "tensor")
+        assert group(shard, "we_up")["we_up"].spec == jax.sharding.PartitionSpec(None, "expert", "fsdp", "tensor")
 
     single = init_params(cfg, jax.random.key(0))
     policy = init_sharded(cfg, mesh, jax.random.key(0))
@@ -41,7 +49,7 @@ SCRIPT = textwrap.dedent("""
             assert x.sharding.is_equivalent_to(s, x.ndim), (x.sharding, s)
     specs = {str(s.spec) for s in jax.tree.leaves(shard)}
     assert any("tensor" in sp for sp in specs) and any("fsdp" in sp for sp in specs), specs
-    assert shard["layers"]["wq"].spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor", None)
+    assert group(shard, "wq")["wq"].spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor", None)
 
     rng = np.random.default_rng(0)
     tokens = rng.integers(1, 64, (8, 12)).astype(np.int32)
@@ -68,7 +76,8 @@ SCRIPT = textwrap.dedent("""
     for g, gr in zip(jax.tree.leaves(out[2]), jax.tree.leaves(ref[2])):
         assert rel(g, gr) <= 1e-5, rel(g, gr)
     # gradients come back sharded like their parameters
-    assert out[2]["layers"][mlp].sharding.is_equivalent_to(shard["layers"][mlp], out[2]["layers"][mlp].ndim)
+    g_mlp = group(out[2], mlp)[mlp]
+    assert g_mlp.sharding.is_equivalent_to(group(shard, mlp)[mlp], g_mlp.ndim)
 
     # the sampler on the mesh gives the same greedy tokens as on one device
     prompts = tokens[:, :5]
@@ -83,10 +92,11 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
+@pytest.mark.parametrize("kind", ["dense", "moe", "hybrid"])
 def test_sharded_forward_loss_grads_equal_single_device(kind):
     """dense: a (data, fsdp, tensor) mesh; moe: a mixture of experts on (fsdp, expert, tensor), experts split
-    over the expert axis, the loss with its load-balancing term."""
+    over the expert axis, the loss with its load-balancing term; hybrid: Nemotron-H's Mamba-2 + attention + MLP +
+    MoE pattern on that mesh (the sampler's cache then holds conv and SSM states)."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     proc = subprocess.run([sys.executable, "-c", SCRIPT, kind], env=env, cwd=root, capture_output=True, text=True,
