@@ -53,7 +53,7 @@ class NamedCheckpoints:
         kept = [(n, e) for n, e in self.data["stages"].items() if n not in set(names)]
         self.clear()
         for n, e in kept:
-            self._add(n, e["path"], e["scores"], e.get("side_branch", False), e.get("started_from"))
+            self._add(n, self._resolve(e["path"]), e["scores"], e.get("side_branch", False), e.get("started_from"))
         self._write()
 
     def add_stage(self, name: str, params_path: str, scores: dict[str, float], side_branch: bool = False,
@@ -63,8 +63,8 @@ class NamedCheckpoints:
         self._write()
 
     def _add(self, name, params_path, scores, side_branch, started_from) -> None:
-        self.data["stages"][name] = {"path": params_path, "scores": dict(scores), "side_branch": bool(side_branch),
-                                     "started_from": started_from}
+        self.data["stages"][name] = {"path": _relative(params_path, self.dir), "scores": dict(scores),
+                                     "side_branch": bool(side_branch), "started_from": started_from}
         for domain, score in scores.items():
             best = self.data["best"].get(domain)
             if best is None or score > best["score"]:
@@ -98,10 +98,28 @@ class NamedCheckpoints:
         raise KeyError(f"no checkpoint named {ref!r}{hint}; known so far: {self.names() or 'none'}")
 
     def path(self, ref: str) -> str:
-        return self.data["stages"][self.stage_of(ref)]["path"]
+        return self._resolve(self.data["stages"][self.stage_of(ref)]["path"])
+
+    def _resolve(self, recorded: str) -> str:
+        """A recorded params path: relative to the checkpoint directory (so the workdir can move, or be resumed
+        from another working directory); a registry written before that holds paths relative to the working
+        directory of the run that wrote it, used as they are when they exist."""
+        if not files.is_local(recorded) or os.path.isabs(recorded):
+            return recorded
+        inside = os.path.join(self.dir, recorded)
+        return recorded if not files.exists(inside) and files.exists(recorded) else inside
 
     def score(self, ref: str, domain: str) -> float | None:
         return self.data["stages"][self.stage_of(ref)]["scores"].get(domain)
+
+
+def _relative(p: str, base: str) -> str:
+    """`p` relative to directory `base` when it lies under it, else `p` unchanged."""
+    if files.is_local(p) != files.is_local(base):
+        return p
+    if files.is_local(p):
+        p, base = os.path.abspath(p), os.path.abspath(base)
+    return os.path.relpath(p, base) if p.startswith(base.rstrip("/") + "/") else p
 
 
 def manifest(cfg, rewards_of, teachers_of) -> dict:

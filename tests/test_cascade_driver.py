@@ -79,7 +79,8 @@ def test_side_branch_keep_optimizer_mopd_and_resume(tmp_path):
     best = max(stages, key=lambda n: (stages[n]["val"]["math"]["pass@1"], -list(stages).index(n)))
     assert reg["best"]["math"]["stage"] == best
     # the branch trained from sft, not from grpo: its params differ from grpo's final params
-    assert not np.allclose(_embed(reg["stages"]["grpo"]["path"]), _embed(reg["stages"]["branch"]["path"]))
+    assert reg["stages"]["grpo"]["path"] == os.path.join("final", "grpo")  # relative: the workdir can move
+    assert not np.allclose(_embed(f"{wd}/checkpoints/final/grpo"), _embed(f"{wd}/checkpoints/final/branch"))
 
     # resume: everything done -> no training; a changed teacher mapping is refused, naming the key (by the
     # workdir's recorded config; with that key allowed to change, the teacher manifest still refuses it)

@@ -1,6 +1,7 @@
 """MOPD stage step: the update equals a hand-written MOPD gradient with each row's own teacher, the per-domain
 reverse KL matches numpy, the full-distribution objectives reduce as documented; teacher registry and manifest."""
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -149,6 +150,9 @@ def test_registry_best_per_domain_keeps_the_earlier_stage_on_ties(tmp_path):
     assert reg.stage_of("best:math") == "sft"  # tie 0.5 = 0.5: the earlier checkpoint stays
     assert reg.stage_of("best:if") == "rlhf"  # side branches count
     assert reg.path("stage:ifrl") == "/p/ifrl" and reg.score("best:if", "math") == 0.4
+    reg.add_stage("inside", str(tmp_path / "final" / "inside"), {"math": 0.0})  # under the registry's directory
+    assert reg.data["stages"]["inside"]["path"] == os.path.join("final", "inside")  # recorded relative to it
+    assert reg.path("stage:inside") == str(tmp_path / "final" / "inside")
     again = named_checkpoints.NamedCheckpoints(str(tmp_path))  # persisted
     assert again.stage_of("best:if") == "rlhf"
     with pytest.raises(KeyError, match="best:code"):

@@ -4,8 +4,9 @@ Every path goes through etils.epath exactly as it would against Google Cloud Sto
 `gs://`, no local-path shortcuts). The stand-ins, both under one temporary directory so they see the same bytes:
 the fsspec filesystem registered for the `gs` protocol (fsspec's DirFileSystem over that directory, instead of
 gcsfs and the network), and the kvstore orbax hands TensorStore for a `gs://` checkpoint (TensorStore's `file`
-driver instead of its own GCS driver; and orbax's query of the bucket's namespace type answers "flat"). A stray `open("gs://...")` or `os.makedirs("gs://...")` in our code would
-create `gs:` under the working directory: each test checks there is none.
+driver instead of its own GCS driver); orbax's query of the bucket's namespace type answers "flat". A stray
+`open("gs://...")` or `os.makedirs("gs://...")` in our code would create `gs:` under the working directory: each
+test checks there is none.
 """
 import importlib
 import json
