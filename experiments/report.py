@@ -4,7 +4,6 @@ the quick-eval curve (pass@1 on held-out examples against global step) of every 
     python experiments/report.py runs/cascade_math_s0 runs/cascade_math_s1 --out=docs/cascade_math
 """
 import argparse
-import json
 import os
 import sys
 
@@ -12,6 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from matplotlib.figure import Figure  # noqa: E402
 
+from nemocascade import files  # noqa: E402
 from nemocascade.run_log import load_metrics  # noqa: E402
 
 
@@ -20,7 +20,7 @@ def main():
     ap.add_argument("workdirs", nargs="+")
     ap.add_argument("--out", default=None, help="prefix for OUT.md and OUT.png")
     a = ap.parse_args()
-    summaries = [json.load(open(os.path.join(w, "summary.json"))) for w in a.workdirs]
+    summaries = [files.read_json(os.path.join(w, "summary.json")) for w in a.workdirs]
     stages = [s["name"] for s in summaries[0]["stages"]]
     domain = next(iter(summaries[0]["stages"][0]["eval"]))
     n = summaries[0]["stages"][0]["eval"][domain]["n"]
