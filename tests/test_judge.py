@@ -163,3 +163,65 @@ def test_sampled_verdicts_unparsable_are_ties_and_counted(tiny):
     p, ok = j.verdicts(instructions, judge_lib.PAIR_OPTIONS)
     # a random model writes 8 tokens of noise: never a verdict line
     assert not ok.any() and p.tolist() == [0.5] * 3 and j.take_stats()["unparsable"] == 3
+
+
+def test_logprob_prompt_in_thinking_mode_is_the_prefix_of_a_verdict_sft_target(tiny):
+    tok, cfg, params, _ = tiny
+    s = judge_lib.pair_instruction("Say hi.", "Hi.", "No.")
+    j = judge_lib.Judge(params, cfg, tok, thinking=True)
+    sft_target = chat.render_prompt(s, thinking=True) + chat.render_completion("", "Verdict: A", thinking=True)
+    assert j.render(s, judge_lib.PAIR_OPTIONS) + " A" + chat.IM_END == sft_target
+    plain = judge_lib.Judge(params, cfg, tok, thinking=False).render(s, judge_lib.PAIR_OPTIONS)
+    assert plain + " A" + chat.IM_END == chat.render_prompt(s, thinking=False) + chat.render_completion(
+        "", "Verdict: A", thinking=False)
+
+
+def test_judge_pref_domain_orders_reward_and_noisy_labeller():
+    from nemocascade.rewards import REWARDS
+
+    test = domains.generate_split("judge_pref", "test", 40, 0)
+    assert [r["answer"] for r in test] == ["A", "B"] * 20  # held out: the chosen answer alternates A, B
+    assert all(r["id"].endswith("/" + r["answer"]) and r["response"] == f"Verdict: {r['answer']}" for r in test)
+    pairs = domains.generate_split("pref", "test", 40, 0)  # the same pairs, the same order of draws
+    for r, p in zip(test, pairs):
+        chosen, rejected = _pair(p)
+        a, b = (chosen, rejected) if r["answer"] == "A" else (rejected, chosen)
+        assert r["prompt"] == judge_lib.pair_instruction(p["prompt"], a, b)
+    score = REWARDS["judge_pref"]
+    turn = chat.render_completion("", "Verdict: B", thinking=True)  # what the policy writes after the prompt
+    assert score(turn, "B") == 1.0 and score(turn, "A") == 0.0
+    assert score("Verdict: A\nVerdict: B", "B") == 0.0  # hedging earns nothing
+    train = domains.generate_split("judge_pref", "train", 200, 0)
+    assert 0.35 < np.mean([r["answer"] == "A" for r in train]) < 0.65
+    noisy = domains.generate_split("judge_pref", "train", 50, 0, teacher_error_rate=1.0)
+    assert all(r["response"] != f"Verdict: {r['answer']}" for r in noisy)
+
+
+def test_stage_check_names_bad_judge_settings():
+    from nemocascade.stages import common, grpo, onpolicy
+
+    def problems(**kw):
+        stage = common.stage_config("grpo", grpo.DEFAULTS, domains=["pref"], steps=2, **kw)
+        return "\n".join(onpolicy.check(stage, {"sft": common.stage_config("sft", {}, domains=["pref"])}))
+
+    assert "judge" not in problems(judge="stage:sft", reward_mode="pairwise")
+    assert "choose one" in problems(judge="stage:sft", reward_mode="pairwise", reward_model="sft")
+    assert "reward_mode must be 'pairwise'" in problems(judge="stage:sft")
+    assert "no earlier stage 'rm'" in problems(judge="stage:rm", reward_mode="pairwise")
+    assert "choose 'stage:NAME'" in problems(judge="sft", reward_mode="pairwise")
+    assert "judge_mode='vote'" in problems(judge="gguf", reward_mode="pairwise", judge_mode="vote")
+    assert "needs a judge" in problems(reward_mode="reference")
+
+
+def test_genrm_tiny_rlhf_is_rewarded_by_the_sft_checkpoint_judging_both_orders(tmp_path, run_cli):
+    run_cli("genrm:tiny", tmp_path / "wd")
+    rows = [json.loads(line) for line in open(tmp_path / "wd" / "metrics.jsonl")]
+    rl = [r for r in rows if r["stage"] == "rlhf"]
+    assert len(rl) == 2
+    for r in rl:  # 2 prompts x 3 rollouts: at most 3 distinct pairs each, every one asked in both orders
+        assert r["judge_rows"] % 2 == 0 and 0 < r["judge_rows"] <= 12 and r["judge_unparsable"] == 0
+        assert abs(r["judge_position_bias"]) <= 0.5 and 0.0 <= r["judge_inconsistent"] <= 1.0 and r["judge_s"] > 0
+        assert 0.0 <= r["reward"] <= 1.1  # mean pairwise preference + tie-break + bonus <= 0.1
+    summary = json.load(open(tmp_path / "wd" / "summary.json"))
+    assert [s["name"] for s in summary["stages"]] == ["sft", "rlhf"]
+    assert set(summary["stages"][-1]["eval"]) == {"pref", "judge_pref"}

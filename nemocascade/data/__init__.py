@@ -8,6 +8,7 @@
     ifbench.py       the real IFBench prompts mapped onto our constraint families (evaluation only)
     mcq.py structured.py tool.py longctx.py swe.py   multi-domain, long-context and SWE RL domains
     preference.py    chat preference pairs for RLHF with a reward model (registers "pref")
+    judge_pref.py    which of a "pref" pair is better, as a generative judge reads it (registers "judge_pref")
     tfds_builder.py  prepare(): build once to array_record, read back as str records
     pipeline.py      sft_dataset, prompt_dataset, encode_prompts
 
@@ -20,6 +21,7 @@ from nemocascade.data import instruct  # noqa: F401  (registers the "if" domain)
 from nemocascade.data import reasoning_gym  # noqa: F401  (registers the "rg_math" domain)
 from nemocascade.data import longctx, mcq, structured, swe, tool  # noqa: F401  (mcq json tool longctx swe)
 from nemocascade.data import preference  # noqa: F401  (registers the "pref" domain)
+from nemocascade.data import judge_pref  # noqa: F401  (registers "judge_pref": judging pref's pairs)
 from nemocascade.data.domains import (DOMAINS, RECORD_KEYS, DomainSpec, generate_split,
                                       get_domain, register_domain, split_of)
 

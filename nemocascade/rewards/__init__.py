@@ -11,7 +11,7 @@ scores bad input (malformed, over-long or pathological) 0.0 without raising (siz
 from collections.abc import Callable
 
 from nemocascade.rewards import code, instruct, math
-from nemocascade.rewards import mcq, pref, structured, swe, tool
+from nemocascade.rewards import mcq, pref, structured, swe, tool, verdict
 
 REWARDS: dict[str, Callable[[str, str], float]] = {
     "math": math.score,
@@ -23,6 +23,7 @@ REWARDS: dict[str, Callable[[str, str], float]] = {
     "swe": swe.agentless_score, "swe_exec": swe.execution_score,
     # pref: evaluation only, a rule-based proxy judge; RLHF trains on the learned RM (rewards/rm_scorer.py)
     "pref": pref.score,
+    "judge_pref": verdict.score,  # a generative judge's SFT domain: the right verdict, strictly parsed
 }
 
 

@@ -34,7 +34,6 @@ the first). Identical responses are not judged: 1/2.
 from __future__ import annotations
 
 import functools
-import re
 import time
 
 import jax
@@ -44,49 +43,11 @@ import numpy as np
 from nemocascade import chat, sampling
 from nemocascade import mesh as mesh_lib
 from nemocascade.models import param_shardings, transformer
+from nemocascade.rewards.verdict import (LEAD, PAIR_OPTIONS, REFERENCE_OPTIONS, clean, pair_instruction,  # noqa: F401
+                                        parse_verdict, reference_instruction)
 
 MODES = ("logprob", "sample")
-PAIR_OPTIONS = ("A", "B")
-REFERENCE_OPTIONS = ("Yes", "No")
-LEAD = "Verdict:"  # the assistant turn opens with it (logprob) or ends with "Verdict: X" (sample)
 SAMPLE_SUFFIX = "\nThink briefly, then end with one last line: 'Verdict: {first}' or 'Verdict: {second}'."
-
-
-def clean(text: str) -> str:
-    """Policy text made safe to quote in a judging prompt: chat control tokens removed."""
-    for tok in chat.SPECIAL_TOKENS:
-        text = text.replace(tok, "")
-    return text.strip()
-
-
-def pair_instruction(prompt: str, a: str, b: str) -> str:
-    return (f"Two assistants answered the same request. Which response answers it better: helpful, correct, on "
-            f"topic and concise?\n\n[Request]\n{clean(prompt)}\n\n[Response A]\n{clean(a)}\n\n[Response B]\n"
-            f"{clean(b)}\n\nReply with A or B.")
-
-
-def reference_instruction(question: str, reference: str, response: str) -> str:
-    return (f"Check a response against the reference answer.\n\n[Question]\n{clean(question)}\n\n[Reference answer]\n"
-            f"{clean(reference)}\n\n[Response]\n{clean(response)}\n\nDoes the response give the reference answer? "
-            "Reply with Yes or No.")
-
-
-_VERDICT_LINE = re.compile(r"Verdict:[ \t]*(\S+?)[ \t]*\.?[ \t]*")
-
-
-def parse_verdict(text: str, options: tuple[str, str]) -> int | None:
-    """Index of the option a sampled reply chose, or None (unparsable). Strict: after the think block and the end
-    token, the last non-empty line is exactly ``Verdict: X`` (a final period allowed) with X one of `options`, and
-    ``Verdict:`` appears nowhere else, so a reply that hedges ("Verdict: A ... Verdict: B") has no verdict."""
-    reasoning, final = chat.split_think(text)
-    body = (final if chat.THINK_CLOSE in text else reasoning or final).replace(chat.IM_END, "")
-    if body.count(LEAD) != 1:
-        return None
-    lines = [line.strip() for line in body.strip().splitlines() if line.strip()]
-    m = _VERDICT_LINE.fullmatch(lines[-1]) if lines else None
-    if m is None or m.group(1) not in options:
-        return None
-    return options.index(m.group(1))
 
 
 @functools.partial(jax.jit, static_argnames="cfg")
@@ -98,20 +59,22 @@ def _next_logprobs(params, tokens, valid, option_ids, *, cfg):
 
 
 class Judge:
-    """A frozen causal LM that gives verdicts (module docstring). Every call pads to ``[batch_size, max_len]`` (left
-    padding; dummy rows fill the last batch), so one compiled program serves every call. With ``mesh`` the params and
-    batches are placed on it (the policy's mesh: the judge is one more frozen role there).
+    """A frozen causal LM that gives verdicts (module docstring). `thinking`: the chat mode it was trained in (a
+    judge trained in this run: the run's; an imported instruct model: False). Every call pads to
+    ``[batch_size, max_len]`` (left padding; dummy rows fill the last batch), so one compiled program serves every
+    call. With ``mesh`` the params and batches are placed on it (the policy's mesh: one more frozen role there).
 
     stats: what the judge did since the last ``take_stats()``: rows judged, unparsable verdicts, seconds."""
 
     def __init__(self, params, model_cfg, tokenizer, *, mode: str = "logprob", batch_size: int = 64,
-                 max_len: int = 384, max_new_tokens: int = 64, temperature: float = 0.0, seed: int = 0, mesh=None):
+                 max_len: int = 384, max_new_tokens: int = 64, temperature: float = 0.0, seed: int = 0,
+                 thinking: bool = False, mesh=None):
         if mode not in MODES:
             raise ValueError(f"judge mode {mode!r}; choose one of {MODES}")
         if batch_size < 1 or max_len < 8 or max_new_tokens < 1:
             raise ValueError(f"judge batch_size >= 1, max_len >= 8, max_new_tokens >= 1; got {batch_size}, {max_len}, "
                              f"{max_new_tokens}")
-        self.model_cfg, self.tokenizer, self.mode, self.mesh = model_cfg, tokenizer, mode, mesh
+        self.model_cfg, self.tokenizer, self.mode, self.mesh, self.thinking = model_cfg, tokenizer, mode, mesh, thinking
         self.batch_size, self.max_len, self.max_new_tokens, self.temperature = batch_size, max_len, max_new_tokens, \
             temperature
         self._rng = jax.random.key(seed)
@@ -131,8 +94,10 @@ class Judge:
         """The judging prompt as the judge reads it (sample mode: up to where it starts writing)."""
         if self.mode == "sample":
             return chat.render_prompt(instruction + SAMPLE_SUFFIX.format(first=options[0], second=options[1]),
-                                      thinking=False)
-        return chat.render_prompt(instruction, thinking=False) + LEAD
+                                      thinking=self.thinking)
+        # thinking: an empty think block closed, as an SFT target with no reasoning renders (chat.render_completion)
+        close = f"\n{chat.THINK_CLOSE}\n" if self.thinking else ""
+        return chat.render_prompt(instruction, thinking=self.thinking) + close + LEAD
 
     def overhead(self, instruction: str, options: tuple[str, str]) -> int:
         """Tokens of a judging prompt plus its verdict (logprob) or reply budget (sample)."""

@@ -23,6 +23,7 @@ import time
 from collections import defaultdict
 
 import jax
+import ml_collections
 import numpy as np
 
 from nemocascade import checkpoint, losses, objectives, optim
@@ -57,8 +58,15 @@ DEFAULTS = dict(
     # trained, on the text after </think>; "scalar" = its score, "pairwise" = Cascade 2's aggregation (mean
     # Pr(i beats j) over the group, ties broken by ranking, optional quality-gated conciseness bonus)
     reward_model="", reward_mode="scalar", conciseness_bonus=0.0, quality_gate=0.5, rm_max_len=160,
+    # a generative judge instead (rewards/judge.py), a frozen causal LM on the policy's mesh: "stage:NAME" /
+    # "best:DOMAIN" (a checkpoint of this run), "gguf" (SmolLM2-135M-Instruct), "gguf:PATH", "hf:PATH".
+    # reward_mode "pairwise": C2's GenRM (every pair of a group judged in both orders, then the aggregation
+    # above); "reference": Pr(the response gives the record's answer), C2's long-context judge
+    judge="", judge_mode="logprob", judge_max_len=384, judge_max_new_tokens=64, judge_batch_size=64,
+    judge_temperature=0.0,
 )
-REWARD_MODES = ("scalar", "pairwise")
+REWARD_MODES = ("scalar", "pairwise", "reference")
+JUDGE_SOURCES = ("stage:", "best:", "gguf", "hf:")
 
 
 def check(stage, earlier: dict) -> list[str]:
@@ -94,6 +102,26 @@ def check(stage, earlier: dict) -> list[str]:
     src = stage.reward_model
     bad += [f"reward_model={src!r}: must name an earlier stage of kind 'rm' (earlier: {list(earlier)})"] if (
         src and (src not in earlier or earlier[src].kind != "rm")) else []
+    return bad + judge_problems(stage, earlier)
+
+
+def judge_problems(stage, earlier: dict) -> list[str]:
+    j = stage.judge
+    if not j:
+        return ["reward_mode='reference': needs a judge (judge=...)"] if stage.reward_mode == "reference" else []
+    from nemocascade.rewards import judge as judge_lib  # stages with a judge only
+
+    bad = [f"judge={j!r} and reward_model={stage.reward_model!r}: choose one"] if stage.reward_model else []
+    bad += [f"judge={j!r}: reward_mode must be 'pairwise' (GenRM) or 'reference' (answer judge), not 'scalar'"] if (
+        stage.reward_mode == "scalar") else []
+    bad += [f"judge={j!r}: choose 'stage:NAME', 'best:DOMAIN', 'gguf', 'gguf:PATH' or 'hf:PATH'"] if not (
+        j.startswith(JUDGE_SOURCES) and j not in ("stage:", "best:", "hf:")) else []
+    bad += [f"judge={j!r}: no earlier stage {j[6:]!r} (earlier: {list(earlier)})"] if (
+        j.startswith("stage:") and j[6:] not in earlier) else []
+    bad += [f"judge_mode={stage.judge_mode!r}; choose one of {judge_lib.MODES}"] if (
+        stage.judge_mode not in judge_lib.MODES) else []
+    bad += [f"{k}={stage[k]} must be >= 1" for k in ("judge_batch_size", "judge_max_new_tokens") if stage[k] < 1]
+    bad += [f"judge_max_len={stage.judge_max_len} must be >= 64"] if stage.judge_max_len < 64 else []
     return bad
 
 
@@ -141,7 +169,7 @@ def run(ctx: common.RunContext, name: str, stage, params):
     epoch_filter = (filters.EpochFilter(stage.readmit_hard, stage.readmit_easy, ctx.cfg.seed)
                     if stage.epoch_filter else None)
     rollouts = rollouts_lib.RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter, common.stage_rewards(stage),
-                                          scorer=rm_scorer(ctx, stage) if stage.reward_model else None)
+                                          scorer=reward_scorer(ctx, stage))
     run_domains = list(ctx.cfg.data.domains)
     step_fn = functools.partial(update.policy_update, model_cfg=ctx.model_cfg, tx=tx, objective=objective,
                                 micro_batches=stage.micro_batches, split_terms=split,
@@ -164,6 +192,7 @@ def run(ctx: common.RunContext, name: str, stage, params):
                 "response_len": float(first["lengths"].mean()), "truncation_rate": float(first["truncated"].mean())})
             metrics |= {"lr": float(schedule(step)), "max_new_tokens": max_new, "kept_groups": fstats["kept"],
                         "refill_rounds": fstats["rounds"]}
+            metrics |= rollouts.scorer.take_metrics() if hasattr(rollouts.scorer, "take_metrics") else {}
             if stage.eval_every and (step + 1) % stage.eval_every == 0:
                 metrics |= common.quick_eval(ctx, trainer.params, stage)
             trainer.log(step, metrics)
@@ -191,6 +220,66 @@ def sample_groups(rollouts, params, stage, max_new: int, rng, score: bool):
         buf.add(groups, keep)
     groups, fstats = buf.take()
     return groups, first, fstats, timing
+
+
+def reward_scorer(ctx, stage):
+    """What scores rollouts instead of the verifiers: a reward model, a judge, or nothing (None)."""
+    return rm_scorer(ctx, stage) if stage.reward_model else JudgeScorer(ctx, stage) if stage.judge else None
+
+
+def load_judge(ctx, stage):
+    """The stage's judge (rewards/judge.py) on the run's mesh: a checkpoint of this run, or a GGUF / HF model."""
+    from nemocascade.models import pretrained
+    from nemocascade.rewards import judge as judge_lib
+
+    spec = stage.judge
+    if spec.startswith(("stage:", "best:")):
+        params = checkpoint.load_params(ctx.checkpoints.path(spec), ctx.abstract_params)
+        model_cfg, tokenizer, thinking = ctx.model_cfg, ctx.tokenizer, ctx.cfg.thinking
+    else:
+        kind, _, path = spec.partition(":")
+        model_cfg, params, tokenizer = pretrained.load(ml_collections.ConfigDict(dict(kind=kind, path=path,
+                                                                                      num_layers=0)), ctx.mesh)
+        thinking = False  # an imported instruct model answers in plain ChatML
+    return judge_lib.Judge(params, model_cfg, tokenizer, mode=stage.judge_mode, batch_size=stage.judge_batch_size,
+                           max_len=stage.judge_max_len, max_new_tokens=stage.judge_max_new_tokens,
+                           temperature=stage.judge_temperature, seed=ctx.cfg.seed, thinking=thinking, mesh=ctx.mesh)
+
+
+class JudgeScorer:
+    """Rewards [n_prompts, G] from the stage's judge: C2's GenRM (`reward_mode="pairwise"`: every pair of a group
+    in both orders, then `rm_scorer.pairwise_rewards`) or the reference-answer judge (`"reference"`). Its
+    `take_metrics` adds judge_s (seconds judging this step), judge_rows, judge_unparsable and, for GenRM,
+    judge_position_bias and judge_inconsistent (rewards/judge.py)."""
+
+    def __init__(self, ctx, stage):
+        from nemocascade.rewards import rm_scorer as rm_rewards
+        from nemocascade.rewards import judge as judge_lib
+
+        self.stage, self.judge, self._lib, self._rm = stage, load_judge(ctx, stage), judge_lib, rm_rewards
+        self._extra: dict[str, list[float]] = defaultdict(list)
+
+    def __call__(self, records, texts, lengths):
+        lib, stage, G = self._lib, self.stage, self.stage.group_size
+        finals = [self._rm.final_text(t) for t in texts]  # the judge never reads the think block
+        if stage.reward_mode == "reference":
+            r = lib.reference_rewards(self.judge, [r["prompt"] for r in records for _ in range(G)],
+                                      [str(r["answer"]) for r in records for _ in range(G)], finals)
+            return r.reshape(len(records), G)
+        groups = [finals[k * G:(k + 1) * G] for k in range(len(records))]
+        prefs, stats = lib.pairwise_preferences_batch(self.judge, [r["prompt"] for r in records], groups)
+        if stats["pairs"]:
+            self._extra["judge_position_bias"].append(stats["position_bias"])
+            self._extra["judge_inconsistent"].append(stats["inconsistent"])
+        return np.stack([self._rm.pairwise_rewards(p, lens, stage.conciseness_bonus, stage.quality_gate)
+                         for p, lens in zip(prefs, lengths)])
+
+    def take_metrics(self) -> dict:
+        s = self.judge.take_stats()
+        out = {"judge_s": s["seconds"], "judge_rows": s["rows"], "judge_unparsable": s["unparsable"]}
+        out |= {k: float(np.mean(v)) for k, v in self._extra.items()}
+        self._extra.clear()
+        return out
 
 
 def rm_scorer(ctx, stage):
