@@ -225,3 +225,20 @@ def test_genrm_tiny_rlhf_is_rewarded_by_the_sft_checkpoint_judging_both_orders(t
     summary = json.load(open(tmp_path / "wd" / "summary.json"))
     assert [s["name"] for s in summary["stages"]] == ["sft", "rlhf"]
     assert set(summary["stages"][-1]["eval"]) == {"pref", "judge_pref"}
+
+
+def test_pref_context_frames_requests_without_crossing_splits():
+    from nemocascade.data import preference
+    from nemocascade.rewards import pref
+
+    test = domains.generate_split("pref", "test", 600, 0, context=True)
+    train = domains.generate_split("pref", "train", 600, 0, context=True)
+    key = lambda r: r["id"].rsplit("/", 1)[1]  # noqa: E731  (topic:aspect:count: the request the split is by)
+    assert not {key(r) for r in test} & {key(r) for r in train}
+    assert len({r["prompt"] for r in test}) > 500 and len({key(r) for r in test}) <= 12  # many prompts, few requests
+    for r in test[:100]:
+        who, situation = r["prompt"].split(". ")[:2]
+        assert who + "." in preference.WHO and situation + "." in preference.SITUATION
+        answer = json.loads(r["answer"])
+        assert pref.judge(answer["chosen"], answer) == 1.0 and pref.judge(answer["rejected"], answer) < 1.0
+    assert not any(r["prompt"].startswith("I am") for r in domains.generate_split("pref", "test", 50, 0))

@@ -19,7 +19,8 @@ import ml_collections
 from _common import grpo_stage, multi_base, variants
 from nemocascade.stages import common, sft
 
-DOMAINS = {"pref": dict(teacher_error_rate=0.5), "judge_pref": dict(teacher_error_rate=0.0)}
+# context: each request framed by who asks (500 framings), so the ~10 held-out requests give >= 500 distinct prompts
+DOMAINS = {"pref": dict(teacher_error_rate=0.5, context=True), "judge_pref": dict(teacher_error_rate=0.0, context=True)}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -27,14 +28,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = multi_base("genrm", DOMAINS)
     c.variant = arg
     c.tokenizer.update(vocab_size=768, corpus_size=2000)
-    c.eval.update(max_prompt_len=224, max_new_tokens=64)
+    c.eval.update(max_prompt_len=256, max_new_tokens=64)
     c.stages.sft = common.stage_config(
-        "sft", sft.DEFAULTS, domains=list(DOMAINS), steps=400, batch_size=16, seq_len=256, pack=True,
+        "sft", sft.DEFAULTS, domains=list(DOMAINS), steps=400, batch_size=16, seq_len=288, pack=True,
         checkpoint_every=100, eval_every=200, eval_n=64,
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=40, weight_decay=0.01, min_lr_frac=0.05))
     c.stages.rlhf = grpo_stage(["pref"], 20, prompts_per_step=8, group_size=8, eval_every=10, dynamic_filter=False,
                                judge="stage:sft", reward_mode="pairwise", conciseness_bonus=0.1,
-                               judge_max_len=320, judge_batch_size=112, length_curriculum=((0, 64),))
+                               judge_max_len=352, judge_batch_size=112, length_curriculum=((0, 64),))
     c.stage_order = ("sft", "rlhf")
     if "tiny" in tags:
         c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=192)

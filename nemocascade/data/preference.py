@@ -28,7 +28,9 @@ Held-out split: by the request (topic, aspect, count), not its wording, so a pro
 An off-topic answer in a train pair is always another *train* request's answer, so no held-out answer
 text occurs in training in any role; held-out off-topic pairs (rejected = an answer the RM saw preferred
 for its own request) then measure whether the RM reads the prompt.
-With 16 topics x 3 aspects x 2 counts there are 96 requests, about 10 of them held out at ``test_every=10``.
+With 16 topics x 3 aspects x 2 counts there are 96 requests, about 10 of them held out at ``test_every=10``;
+``context=True`` frames each in 500 ways (who asks, their situation) for n >= 500 distinct held-out prompts
+(clustered: ~10 requests underlie them).
 """
 
 from __future__ import annotations
@@ -167,6 +169,18 @@ TOPICS = {
         "reason": ("Winter brings snow for sledding.", "Winter is great for skiing.",
                    "Winter evenings are cozy at home.")}),
 }
+# `context=True`: the request opens with who asks and their situation (25 x 20 framings). The answer does not
+# change, so the held-out split (by request) is kept, and a policy must answer the request, not the framing.
+WHO = ("I am a student.", "I am a nurse.", "I am a teacher.", "I am a retired driver.", "I am a new parent.",
+       "I am a farmer.", "I am a shop owner.", "I am a night guard.", "I am a young cook.", "I am an old sailor.",
+       "I am a busy doctor.", "I am a bus driver.", "I am a painter.", "I am a lawyer.", "I am a baker.",
+       "I am a nervous beginner.", "I am a football coach.", "I am a writer.", "I am a pilot.", "I am a builder.",
+       "I am a librarian.", "I am a postman.", "I am a dancer.", "I am a hotel cleaner.", "I am a shy teenager.")
+SITUATION = ("I have a busy week.", "I live in a small flat.", "I just moved to a new town.", "I have little money.",
+             "I work at night.", "I live alone.", "I have two small kids.", "I am often tired.",
+             "I have a long trip soon.", "I want a new hobby.", "My friend asked me this.", "I have some free time.",
+             "I live near the sea.", "I live in a cold place.", "I start a new job soon.", "I like simple answers.",
+             "I forget things easily.", "I feel a bit stressed.", "I have a free weekend.", "I am curious today.")
 FILLER = ("That is a very good question.", "I am happy to help with this.", "There is much more to say here.",
           "I hope this answer is useful.", "Let me know if you want more.", "Thank you for asking me.")
 UNHELPFUL = ("I don't know.", "I am not sure.", "Sorry, I cannot help with that.")
@@ -200,13 +214,15 @@ def rejected_answer(kind: str, topic: str, aspect: str, chosen: list[str], max_w
 
 
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", teacher_error_rate: float = 0.0,
-             kinds: dict[str, float] | None = None, test_every: int = 10) -> list[dict]:
+             kinds: dict[str, float] | None = None, test_every: int = 10, context: bool = False) -> list[dict]:
     """``n`` preference records (domains.py record contract and module docstring), deterministic given ``rng``.
 
     Args:
         split: keep only requests with ``split_of(key, test_every) == split`` (``None``: all).
         teacher_error_rate: probability that the response (SFT target) is the verbose answer.
         kinds: rejected kind -> weight (default: the four kinds equally).
+        context: open each request with who asks and their situation (`WHO` x `SITUATION`: 500 framings; the
+            answers are unchanged), so a held-out split of ~10 requests holds thousands of distinct prompts.
     """
     check_args(split, teacher_error_rate)
     kinds = dict(kinds or {k: 1.0 for k in KINDS})
@@ -228,6 +244,8 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
         keyword, table = TOPICS[topic]
         wordings, (noun, nouns) = ASPECTS[aspect]
         prompt = wordings[count - 1][int(rng.integers(2))].format(t=topic)
+        if context:  # drawn only when on: records without it are those of version 1
+            prompt = f"{WHO[int(rng.integers(len(WHO)))]} {SITUATION[int(rng.integers(len(SITUATION)))]} {prompt}"
         pool = table[aspect]
         chosen_sents = [pool[i] for i in rng.choice(len(pool), count, replace=False)]
         chosen = " ".join(chosen_sents)
