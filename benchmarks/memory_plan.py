@@ -9,7 +9,10 @@ by the same sharding rules on the one mesh:
 
   sample   prefill + `lax.while_loop` decode with the KV cache (`sampling.sample`): the rollout batch;
   step     the on-policy update (`rl.update.policy_update`: GRPO's objective, AdamW, micro-batches, remat);
-  teacher  one frozen role's pass over the training batch (`rl.update.FrozenRoles`: MOPD's teacher log-probs).
+  teacher  one frozen role's pass over the training batch (`rl.update.FrozenRoles`: MOPD's teacher log-probs);
+  judge    with `--judge=MODEL`: a generative judge of that size resident on the same mesh, and its verdict pass
+           (`rewards.judge`'s log-probability mode) over `judge_batch` judging prompts of `judge_len` tokens (C2's
+           GenRM reads the request and two responses; a step asks prompts x group x (group - 1) of them).
 
 `compiled.memory_analysis()` gives each program's per-device arguments, outputs, temporaries and aliasing. What
 stays resident between programs (policy params and AdamW moments, the reference, the teachers) is counted from
@@ -83,6 +86,8 @@ class Shapes:
     max_new: int = 3072
     micro_batches: int = 16
     teachers: int = 2
+    judge_batch: int = 64
+    judge_len: int = 7168  # prompt_len + 2 x max_new / ... : the request and two whole responses
 
 
 def _bytes(tree) -> int:
@@ -103,7 +108,7 @@ def _analysis(compiled) -> dict:
     return {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")}
 
 
-def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes) -> dict:
+def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes, judge: str = "") -> dict:
     axes = MESHES["moe" if cfg.moe else "dense"][devices]
     mesh = mesh_lib.make_mesh(axes, jax.devices()[:devices])
     shard = param_shardings(cfg, mesh)
@@ -121,7 +126,13 @@ def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes) -> dict:
                                                                             jax.tree.leaves(params)) / 1e9}
     resident = {"policy_state": _bytes(state), "reference": _bytes(params), "teachers": shapes.teachers *
                 _bytes(params)}
+    if judge:
+        jcfg = MODELS[judge]
+        jparams = _abstract(jax.eval_shape(functools.partial(init_params, jcfg), jax.random.key(0)),
+                            param_shardings(jcfg, mesh))
+        resident["judge"] = _bytes(jparams)
     out["resident_gib"] = {k: v / GiB for k, v in resident.items()}
+    judge_b = resident.get("judge", 0)  # resident beside every program
     programs = {}
 
     t0 = time.perf_counter()
@@ -131,7 +142,8 @@ def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes) -> dict:
     lens = batch_of(shapes.prompts, (), jnp.int32)
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=mesh_lib.replicated(mesh))
     programs["sample"] = (_analysis(sample.lower(params, prompt_tokens=prompts, prompt_lens=lens, rng=key).compile()),
-                          resident["policy_state"] - _bytes(params) + resident["reference"] + resident["teachers"])
+                          resident["policy_state"] - _bytes(params) + resident["reference"] + resident["teachers"]
+                          + judge_b)
 
     objective = objectives.build({"pg": 1.0}, "token_mean", {})
     step = jax.jit(functools.partial(update.policy_update, model_cfg=cfg, tx=tx, objective=objective,
@@ -141,12 +153,22 @@ def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes) -> dict:
              "sampler_logp": batch_of(rows, (width - 1,), jnp.float32), "advantages": batch_of(rows, (), jnp.float32),
              "domain_idx": batch_of(rows, (), jnp.int32),
              "has_data": jax.ShapeDtypeStruct((), jnp.float32, sharding=mesh_lib.replicated(mesh))}
-    programs["step"] = (_analysis(step.lower(state, batch).compile()), resident["reference"] + resident["teachers"])
+    programs["step"] = (_analysis(step.lower(state, batch).compile()), resident["reference"] + resident["teachers"]
+                        + judge_b)
 
     roles = update.FrozenRoles(cfg, {"teacher_logp"}, teachers=(params,), teacher_of_domain=np.zeros(1, np.int32))
     rows_mask = batch_of(rows, (), jnp.bool_)
     programs["teacher"] = (_analysis(roles._teacher.lower(params, batch, rows_mask, None).compile()),
-                           resident["policy_state"] + resident["reference"] + resident["teachers"] - _bytes(params))
+                           resident["policy_state"] + resident["reference"] + resident["teachers"] - _bytes(params)
+                           + judge_b)
+    if judge:
+        from nemocascade.rewards import judge as judge_lib
+
+        n, L = shapes.judge_batch, shapes.judge_len
+        lowered = judge_lib._next_logprobs.lower(jparams, batch_of(n, (L,), jnp.int32), batch_of(n, (L,), jnp.bool_),
+                                                 batch_of(n, (2,), jnp.int32), cfg=jcfg)
+        programs["judge"] = (_analysis(lowered.compile()),
+                             resident["policy_state"] + resident["reference"] + resident["teachers"])
     out["compile_s"] = time.perf_counter() - t0
     out["programs"] = {}
     for prog, (m, others) in programs.items():
@@ -163,25 +185,30 @@ def main():
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--meshes", default="8,16,64", help="device counts (each <= 64)")
     ap.add_argument("--json", default="")
+    ap.add_argument("--judge", default="", help="a model of MODELS as a generative judge beside the policy")
     for f in dataclasses.fields(Shapes):
         ap.add_argument(f"--{f.name}", type=int, default=f.default)
     args = ap.parse_args()
     shapes = Shapes(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Shapes)})
-    unknown = sorted(set(args.models.split(",")) - set(MODELS))
+    unknown = sorted(set(args.models.split(",")) - set(MODELS)) + ([args.judge] if args.judge and args.judge not in
+                                                                   MODELS else [])
     if unknown:
         sys.exit(f"--models: unknown {unknown}; known {sorted(MODELS)}")
     print(f"shapes: {shapes}; {jax.device_count()} fake {jax.default_backend()} devices")
     results = []
-    header = "| model | devices | mesh | params (B) | sample | step | teacher pass | peak / device | fits (10% spare) |"
-    print(header + "\n|:--|--:|:--|--:|--:|--:|--:|--:|:--|", flush=True)
+    judged = f" judge pass ({args.judge}) |" if args.judge else ""
+    header = (f"| model | devices | mesh | params (B) | sample | step | teacher pass |{judged} peak / device | "
+              "fits (10% spare) |")
+    print(header + "\n|:--|--:|:--|--:|--:|--:|--:|" + ("--:|" if args.judge else "") + "--:|:--|", flush=True)
     for name in args.models.split(","):
         for devices in (int(d) for d in args.meshes.split(",")):
-            r = plan(name, MODELS[name], devices, shapes)
+            r = plan(name, MODELS[name], devices, shapes, args.judge)
             results.append(r)
             mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items())
             p = r["programs"]
             print(f"| {name} | {devices} | {mesh} | {r['params_b']:.1f} | {p['sample']['peak']:.1f} GiB | "
-                  f"{p['step']['peak']:.1f} GiB | {p['teacher']['peak']:.1f} GiB | **{r['peak_gib']:.1f} GiB** | "
+                  f"{p['step']['peak']:.1f} GiB | {p['teacher']['peak']:.1f} GiB | "
+                  + (f"{p['judge']['peak']:.1f} GiB | " if args.judge else "") + f"**{r['peak_gib']:.1f} GiB** | "
                   f"{', '.join(r['fits']) or 'none listed'} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -227,18 +227,19 @@ def test_genrm_tiny_rlhf_is_rewarded_by_the_sft_checkpoint_judging_both_orders(t
     assert set(summary["stages"][-1]["eval"]) == {"pref", "judge_pref"}
 
 
-def test_pref_context_frames_requests_without_crossing_splits():
-    from nemocascade.data import preference
+def test_compound_pref_requests_many_distinct_held_out_and_both_parts_required():
     from nemocascade.rewards import pref
 
-    test = domains.generate_split("pref", "test", 600, 0, context=True)
-    train = domains.generate_split("pref", "train", 600, 0, context=True)
-    key = lambda r: r["id"].rsplit("/", 1)[1]  # noqa: E731  (topic:aspect:count: the request the split is by)
-    assert not {key(r) for r in test} & {key(r) for r in train}
-    assert len({r["prompt"] for r in test}) > 500 and len({key(r) for r in test}) <= 12  # many prompts, few requests
-    for r in test[:100]:
-        who, situation = r["prompt"].split(". ")[:2]
-        assert who + "." in preference.WHO and situation + "." in preference.SITUATION
+    test = domains.generate_split("pref", "test", 3000, 0, compound=True, test_every=4)
+    train = domains.generate_split("pref", "train", 3000, 0, compound=True, test_every=4)
+    keys = {domains.problem_key(r) for r in test}
+    assert len(keys) >= 500 and not keys & {domains.problem_key(r) for r in train}
+    for r in test[:200]:
         answer = json.loads(r["answer"])
         assert pref.judge(answer["chosen"], answer) == 1.0 and pref.judge(answer["rejected"], answer) < 1.0
-    assert not any(r["prompt"].startswith("I am") for r in domains.generate_split("pref", "test", 50, 0))
+    # hand example: one part answered is on topic for a single request, not for a two-part one
+    spec = {"keywords": ["sleep", "coffee"], "min_words": 3, "max_words": 20}
+    half = "Keep your room dark for better sleep."
+    assert pref.judge(half, spec) == 1.0 and pref.judge(half, spec | {"require_all": True}) == pytest.approx(2 / 3)
+    both = half + " Coffee has a rich, warm taste."
+    assert pref.judge(both, spec | {"require_all": True}) == 1.0

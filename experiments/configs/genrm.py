@@ -1,7 +1,7 @@
 """RLHF with Cascade 2's pairwise generative reward model (issue 19), at toy scale:
 
-    sft        on "pref" (chat requests; the teacher pads half its answers) and "judge_pref" (which of a pref pair
-               is better, "Verdict: A|B"): the policy and, from the same checkpoint, the judge
+    sft        on "pref" (two-part chat requests; the teacher pads half its answers) and "judge_pref" (which of a
+               pref pair is better, "Verdict: A|B"): the policy and, from the same checkpoint, the judge
     rlhf       GRPO on "pref" rewarded by the GenRM: the SFT checkpoint judges every pair of a group in both orders
                (log-probability verdicts), Cascade 2's aggregation with its conciseness bonus; KL 0.03 (the paper's
                RLHF row)
@@ -19,8 +19,10 @@ import ml_collections
 from _common import grpo_stage, multi_base, variants
 from nemocascade.stages import common, sft
 
-# context: each request framed by who asks (500 framings), so the ~10 held-out requests give >= 500 distinct prompts
-DOMAINS = {"pref": dict(teacher_error_rate=0.5, context=True), "judge_pref": dict(teacher_error_rate=0.0, context=True)}
+# compound: two-part requests (2,160 of them; a quarter held out at test_every=4), so test scores n >= 500 distinct
+# requests; judge_pref judges pairs of the same requests
+OPTS = dict(compound=True, test_every=4)
+DOMAINS = {"pref": dict(teacher_error_rate=0.5, **OPTS), "judge_pref": dict(teacher_error_rate=0.0, **OPTS)}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -28,6 +30,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = multi_base("genrm", DOMAINS)
     c.variant = arg
     c.tokenizer.update(vocab_size=768, corpus_size=2000)
+    for d in DOMAINS:
+        c.data.domains[d].num_test = 4000  # ~540 distinct test requests exist; 4000 records reach 500 of them
     c.eval.update(max_prompt_len=256, max_new_tokens=64)
     c.stages.sft = common.stage_config(
         "sft", sft.DEFAULTS, domains=list(DOMAINS), steps=400, batch_size=16, seq_len=288, pack=True,

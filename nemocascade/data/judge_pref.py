@@ -12,7 +12,7 @@ Order. In training the chosen answer is A or B at random; in the held-out splits
 and B in odd ones, so accuracy by position (ids end in ``/A`` or ``/B``) measures the judge's position bias.
 
 Splits and pairs are "pref"'s own (`preference.generate` with the same split), so no held-out request is judged
-in training. With ``teacher_error_rate`` the target verdict is flipped (a noisy labeller); ``context`` is pref's.
+in training. With ``teacher_error_rate`` the target verdict is flipped (a noisy labeller); ``compound`` is pref's.
 """
 from __future__ import annotations
 
@@ -28,12 +28,12 @@ DOMAIN = "judge_pref"
 
 
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", teacher_error_rate: float = 0.0,
-             test_every: int = 10, context: bool = False) -> list[dict]:
+             test_every: int = 10, compound: bool = False) -> list[dict]:
     """``n`` judging records over ``n`` "pref" pairs of `split` (module docstring), deterministic given ``rng``."""
     check_args(split, teacher_error_rate)
     records = []
     for k, pair in enumerate(preference.generate(rng, n, split=split, test_every=test_every,
-                                                             context=context)):
+                                                             compound=compound)):
         answer = json.loads(pair["answer"])
         chosen_first = bool(rng.integers(2)) if split == "train" else k % 2 == 0
         a, b = (answer["chosen"], answer["rejected"]) if chosen_first else (answer["rejected"], answer["chosen"])

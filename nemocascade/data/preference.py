@@ -28,9 +28,9 @@ Held-out split: by the request (topic, aspect, count), not its wording, so a pro
 An off-topic answer in a train pair is always another *train* request's answer, so no held-out answer
 text occurs in training in any role; held-out off-topic pairs (rejected = an answer the RM saw preferred
 for its own request) then measure whether the RM reads the prompt.
-With 16 topics x 3 aspects x 2 counts there are 96 requests, about 10 of them held out at ``test_every=10``;
-``context=True`` frames each in 500 ways (who asks, their situation) for n >= 500 distinct held-out prompts
-(clustered: ~10 requests underlie them).
+With 16 topics x 3 aspects x 2 counts there are 96 requests, about 10 of them held out at ``test_every=10``.
+``compound=True`` asks two-part requests instead (two topics, an aspect each: 2,160 requests), enough for n >= 500
+distinct held-out requests at ``test_every=4``.
 """
 
 from __future__ import annotations
@@ -169,18 +169,6 @@ TOPICS = {
         "reason": ("Winter brings snow for sledding.", "Winter is great for skiing.",
                    "Winter evenings are cozy at home.")}),
 }
-# `context=True`: the request opens with who asks and their situation (25 x 20 framings). The answer does not
-# change, so the held-out split (by request) is kept, and a policy must answer the request, not the framing.
-WHO = ("I am a student.", "I am a nurse.", "I am a teacher.", "I am a retired driver.", "I am a new parent.",
-       "I am a farmer.", "I am a shop owner.", "I am a night guard.", "I am a young cook.", "I am an old sailor.",
-       "I am a busy doctor.", "I am a bus driver.", "I am a painter.", "I am a lawyer.", "I am a baker.",
-       "I am a nervous beginner.", "I am a football coach.", "I am a writer.", "I am a pilot.", "I am a builder.",
-       "I am a librarian.", "I am a postman.", "I am a dancer.", "I am a hotel cleaner.", "I am a shy teenager.")
-SITUATION = ("I have a busy week.", "I live in a small flat.", "I just moved to a new town.", "I have little money.",
-             "I work at night.", "I live alone.", "I have two small kids.", "I am often tired.",
-             "I have a long trip soon.", "I want a new hobby.", "My friend asked me this.", "I have some free time.",
-             "I live near the sea.", "I live in a cold place.", "I start a new job soon.", "I like simple answers.",
-             "I forget things easily.", "I feel a bit stressed.", "I have a free weekend.", "I am curious today.")
 FILLER = ("That is a very good question.", "I am happy to help with this.", "There is much more to say here.",
           "I hope this answer is useful.", "Let me know if you want more.", "Thank you for asking me.")
 UNHELPFUL = ("I don't know.", "I am not sure.", "Sorry, I cannot help with that.")
@@ -214,15 +202,14 @@ def rejected_answer(kind: str, topic: str, aspect: str, chosen: list[str], max_w
 
 
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", teacher_error_rate: float = 0.0,
-             kinds: dict[str, float] | None = None, test_every: int = 10, context: bool = False) -> list[dict]:
+             kinds: dict[str, float] | None = None, test_every: int = 10, compound: bool = False) -> list[dict]:
     """``n`` preference records (domains.py record contract and module docstring), deterministic given ``rng``.
 
     Args:
         split: keep only requests with ``split_of(key, test_every) == split`` (``None``: all).
         teacher_error_rate: probability that the response (SFT target) is the verbose answer.
         kinds: rejected kind -> weight (default: the four kinds equally).
-        context: open each request with who asks and their situation (`WHO` x `SITUATION`: 500 framings; the
-            answers are unchanged), so a held-out split of ~10 requests holds thousands of distinct prompts.
+        compound: two-part requests instead (`compound_request`): 2,160 distinct requests, not 96.
     """
     check_args(split, teacher_error_rate)
     kinds = dict(kinds or {k: 1.0 for k in KINDS})
@@ -236,6 +223,11 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
         attempts += 1
         if attempts > 100 * n * test_every + 1000:
             raise ValueError(f"found only {len(records)} of {n} preference requests for split {split!r}")
+        if compound:
+            record = compound_request(rng, kind_names, kind_p, split, test_every, teacher_error_rate)
+            if record is not None:
+                records.append(record | {"id": f"{DOMAIN}/{split or 'all'}/{len(records)}/{record['id']}"})
+            continue
         topic, aspect = topics[int(rng.integers(len(topics)))], aspects[int(rng.integers(len(aspects)))]
         count = int(rng.integers(1, 3))
         key = f"{topic}:{aspect}:{count}"
@@ -244,8 +236,6 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
         keyword, table = TOPICS[topic]
         wordings, (noun, nouns) = ASPECTS[aspect]
         prompt = wordings[count - 1][int(rng.integers(2))].format(t=topic)
-        if context:  # drawn only when on: records without it are those of version 1
-            prompt = f"{WHO[int(rng.integers(len(WHO)))]} {SITUATION[int(rng.integers(len(SITUATION)))]} {prompt}"
         pool = table[aspect]
         chosen_sents = [pool[i] for i in rng.choice(len(pool), count, replace=False)]
         chosen = " ".join(chosen_sents)
@@ -272,6 +262,44 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
             "id": f"{DOMAIN}/{split or 'all'}/{len(records)}/{key}",
         })
     return records
+
+
+def compound_request(rng, kind_names, kind_p, split, test_every: int, teacher_error_rate: float) -> dict | None:
+    """One two-part request ("Give one tip for sleep. Tell me one thing about coffee."), or None when its key
+    falls in another split. Two distinct topics, an aspect each, one sentence each: 16 x 15 x 3 x 3 = 2,160
+    requests, split by the pair (its ``id`` here is the key; `generate` prefixes the rest). The chosen answer is
+    one sentence per part; the proxy judge asks for both topics' keywords (``require_all``). Rejected kinds as
+    single requests, but off-topic answers the second part about a third topic (one part missed: the held-out
+    split is compositional, every single sentence also occurs in training)."""
+    topics, aspects = sorted(TOPICS), sorted(ASPECTS)
+    i, j = rng.choice(len(topics), 2, replace=False)
+    (t1, t2), (a1, a2) = (topics[i], topics[j]), (aspects[int(rng.integers(3))], aspects[int(rng.integers(3))])
+    key = f"{t1}:{a1}+{t2}:{a2}"
+    if split is not None and split_of(key, test_every) != split:
+        return None
+    w1, w2 = int(rng.integers(2)), int(rng.integers(2))
+    prompt = f"{ASPECTS[a1][0][0][w1].format(t=t1)} {ASPECTS[a2][0][0][w2].format(t=t2)}"
+    s1 = TOPICS[t1][1][a1][int(rng.integers(3))]
+    s2 = TOPICS[t2][1][a2][int(rng.integers(3))]
+    chosen_sents, max_words = [s1, s2], 2 * WORDS_PER_SENTENCE
+    kind = kind_names[int(rng.choice(len(kind_names), p=kind_p))]
+    if kind == "off_topic":
+        other = [t for t in topics if t not in (t1, t2)][int(rng.integers(len(topics) - 2))]
+        rejected = f"{s1} {TOPICS[other][1][a2][int(rng.integers(3))]}"
+    else:
+        rejected = rejected_answer(kind, t1, a1, chosen_sents, max_words, rng, [])
+    slipped = bool(rng.random() < teacher_error_rate)
+    padded = verbose(chosen_sents, max_words, rng)
+    chosen = " ".join(chosen_sents)
+    answer = {"chosen": chosen, "rejected": rejected, "kind": kind, "topic": f"{t1}+{t2}",
+              "keywords": [TOPICS[t1][0], TOPICS[t2][0]], "require_all": True, "min_words": MIN_WORDS,
+              "max_words": max_words}
+    if judge.judge(chosen, answer) != 1.0 or judge.judge(rejected, answer) >= 1.0:
+        raise AssertionError(f"proxy judge disagrees with the pair for {key} ({kind}): {chosen!r} / {rejected!r}")
+    style = "with some friendly extra words" if slipped else "short and on topic"
+    return {"domain": DOMAIN, "prompt": prompt,
+            "reasoning": f"Topics: {t1}, {t2}. Give one {ASPECTS[a1][1][0]} and one {ASPECTS[a2][1][0]}, {style}.",
+            "response": padded if slipped else chosen, "answer": json.dumps(answer), "id": key}
 
 
 register_domain(DomainSpec(

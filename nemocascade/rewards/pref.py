@@ -7,7 +7,8 @@ the mean proxy score of greedy answers. Four checks on the final text (after ``<
 ``nemocascade.chat.strip_think``):
 
     helpful     not an "I don't know"-style refusal (``UNHELPFUL_MARKERS``)
-    on_topic    one of the request's topic keywords occurs (case-insensitive substring)
+    on_topic    one of the request's topic keywords occurs (case-insensitive substring); every one of them for a
+                two-part request (``require_all`` in the answer)
     no_repeat   no sentence occurs twice and no word 4-gram occurs twice (catches loops like "a b a b a b")
     length_ok   min_words <= word count <= max_words (the request asks for one or two short sentences)
 
@@ -76,7 +77,9 @@ def judge(final: str, spec: dict) -> float:
     """The proxy score of a final text (no think block) given the parsed ``answer`` JSON."""
     if not is_helpful(final):
         return 0.0
-    checks = (on_topic(final, spec["keywords"]), no_repeat(final),
+    topical = (all(on_topic(final, [k]) for k in spec["keywords"]) if spec.get("require_all")
+               else on_topic(final, spec["keywords"]))
+    checks = (topical, no_repeat(final),
               length_ok(final, int(spec["min_words"]), int(spec["max_words"])))
     return sum(checks) / len(checks)
 
