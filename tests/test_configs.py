@@ -35,10 +35,17 @@ def test_data_seed_is_the_runs_seed_unless_fixed():
 def test_the_cascades_use_the_papers_orders():
     cfg = configs.load("cascade_c2")
     c2 = [s for s in configs.stage_order(cfg) if not cfg.stages[s].side_branch]
-    assert c2 == ["sft", "rm", "if_rl", "multi_rl", "mopd", "rlhf", "longctx_rl", "code_rl", "swe_agentless",
-                  "swe_exec"]
-    c1 = list(configs.stage_order(configs.load("cascade_c1")))
+    assert c2 == ["sft", "if_rl", "multi_rl", "mopd", "rlhf", "longctx_rl", "code_rl", "swe_agentless", "swe_exec"]
+    # C2's judges are language models (the SFT checkpoint, trained on the judges' domains too); C1's RLHF a BT RM
+    for name in ("rlhf", "rlhf_branch"):
+        assert (cfg.stages[name].judge, cfg.stages[name].reward_mode) == ("stage:sft", "pairwise")
+    assert (cfg.stages.longctx_rl.judge, cfg.stages.longctx_rl.reward_mode) == ("stage:sft", "reference")
+    assert {"judge_pref", "judge_longctx"} <= set(cfg.stages.sft.domains)
+    c1cfg = configs.load("cascade_c1")
+    c1 = list(configs.stage_order(c1cfg))
     assert c1 == ["sft", "rm", "rlhf", "if_rl", "math_rl", "code_rl", "swe_agentless", "swe_exec"]
+    assert (c1cfg.stages.rlhf.reward_model, c1cfg.stages.rlhf.reward_mode, c1cfg.stages.rlhf.judge) == (
+        "rm", "scalar", "")
 
 
 # METHOD.md "Paper defaults per stage" (Cascade 2 Tab. 8-10), written out here independently of the configs'
@@ -74,7 +81,7 @@ def test_default_variants_follow_the_paper(name):
     assert cfg.eval.avg_k > 0 and cfg.eval.temperature == 1.0
 
 
-@pytest.mark.parametrize("name", ["cascade_math", "cascade_demo"])
+@pytest.mark.parametrize("name", ["cascade_math", "cascade_demo", "genrm"])
 def test_procedural_test_splits_hold_eval_n_distinct_problems(name):
     # The generators repeat problems; evaluation scores the first eval.n distinct ones, so the test split must hold
     # that many (and validation val_n): from the generators themselves, with the run's seed and options.

@@ -2,6 +2,9 @@
 aggregation on a hand-worked example, the log-probability verdict against a numpy read of the model's logits,
 sampled verdicts counted as ties when unparsable, and policy text kept from steering the judging prompt."""
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -225,6 +228,17 @@ def test_genrm_tiny_rlhf_is_rewarded_by_the_sft_checkpoint_judging_both_orders(t
     summary = json.load(open(tmp_path / "wd" / "summary.json"))
     assert [s["name"] for s in summary["stages"]] == ["sft", "rlhf"]
     assert set(summary["stages"][-1]["eval"]) == {"pref", "judge_pref"}
+    # the gaming report answers the run's own held-out items again: its ground truth equals the run's evaluation
+    proc = subprocess.run([sys.executable, "experiments/judge_report.py", f"--workdir={tmp_path / 'wd'}", "--n=8"],
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = json.load(open(tmp_path / "wd" / "judge_report.json"))
+    ev = {s["name"]: s["eval"]["pref"] for s in summary["stages"]}
+    assert rep["n"] == ev["sft"]["n"] and rep["truth"]["before"] == pytest.approx(ev["sft"]["pass@1"])
+    assert rep["truth"]["after"] == pytest.approx(ev["rlhf"]["pass@1"])
+    acc = rep["judge_accuracy"]
+    assert sum(v["n"] for v in acc["by_position_of_better"].values()) == acc["n"] == 8
 
 
 def test_compound_pref_requests_many_distinct_held_out_and_both_parts_required():

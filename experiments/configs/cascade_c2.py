@@ -3,14 +3,17 @@
     SFT -> IF-RL -> multi-domain RL (mcq + json + tool) -> MOPD -> RLHF -> long-context RL -> code RL
         -> SWE RL (agentless, then execution-based)
 
-plus what it needs off the main line: `rm` (a Bradley-Terry reward model trained from the SFT policy; it
-leaves the policy as it is) and `rlhf_branch` (RLHF from the SFT checkpoint as a side branch: Cascade 2's
-RLHF teacher). MOPD's three teachers, as the paper: math <- the SFT checkpoint, pref (chat) <- the RLHF side
-branch, if / mcq / json / tool <- one multi-domain teacher, the checkpoint with the best validation mean over the
-four (`best:if+mcq+json+tool`). Every domain is evaluated after every stage. Paper defaults per stage (METHOD.md's
-table, `_common.PAPER_STAGE`); `:kl` is the named departure with KL 0.05 in every RL stage but RLHF's 0.03.
+plus what it needs off the main line: `rlhf_branch` (RLHF from the SFT checkpoint as a side branch: Cascade 2's RLHF
+teacher). As in Cascade 2 the judges are language models: the SFT also trains on `judge_pref` and `judge_longctx`,
+and that checkpoint judges RLHF (pairwise GenRM, both orders) and long-context RL (answer against the reference);
+Cascade 1 keeps its Bradley-Terry RM (`rm`, from `base`). MOPD's three teachers, as the paper: math <- the SFT
+checkpoint, pref (chat) <- the RLHF side branch, if / mcq / json / tool <- one multi-domain teacher, the checkpoint
+with the best validation mean over the four (`best:if+mcq+json+tool`). Every domain is evaluated after every stage.
+Paper defaults per stage (METHOD.md's table, `_common.PAPER_STAGE`); `:kl` is the named departure with KL 0.05 in
+every RL stage but RLHF's 0.03.
 
-    python experiments/run.py --config=cascade_c2          # 45 min measured at n=64 evals; n=500 adds (unmeasured)
+    python experiments/run.py --config=cascade_c2          # 45 min measured at n=64 evals with the BT RM (before
+                                                           # the judges); n=500 and the judges add (unmeasured)
     python experiments/run.py --config=cascade_c2:tiny     # minutes; the same stages with a few steps each
     python experiments/run.py --config=cascade_c2:kl
 """
@@ -82,8 +85,20 @@ def shrink(c: ml_collections.ConfigDict) -> None:
                 stage.update(max_new_tokens=48)
 
 
+# Cascade 2's judges are language models: the SFT also learns to judge (which of a pref pair is better; does a
+# longctx response give the reference answer), and that checkpoint judges RLHF (pairwise GenRM) and long-context RL
+JUDGES = {"judge_pref": dict(teacher_error_rate=0.0), "judge_longctx": dict(teacher_error_rate=0.0, num_facts=8)}
+JUDGE = dict(judge="stage:sft", judge_max_len=352, judge_batch_size=128)
+
+
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = base("cascade_c2", arg)
+    for d, opts in JUDGES.items():
+        c.data.domains[d] = dict(num_train=20_000, num_test=c.data.domains.math.num_test, opts=dict(opts))
+    c.data.domains.judge_longctx.max_prompt_len = 320  # the longctx context, the reference and a response
+    c.stages.sft.domains = list(c.stages.sft.domains) + list(JUDGES)
+    c.stages.rlhf.update(reward_model="", **JUDGE)  # pairwise GenRM (reward_mode, conciseness bonus: base's)
+    c.stages.longctx_rl.update(reward_mode="reference", **JUDGE)
     c.stages.rlhf_branch = ml_collections.ConfigDict(c.stages.rlhf.to_dict())
     c.stages.rlhf_branch.update(init_from="stage:sft", side_branch=True)
     c.stages.multi_rl = grpo_stage(["mcq", "json", "tool"], 24, **RL)  # merged: short, cheap verifiers (METHOD.md)
@@ -94,8 +109,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                   **{d: "best:if+mcq+json+tool" for d in ("if", "mcq", "json", "tool")}},
         optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
                    grad_clip=1.0))
-    c.stage_order = ("sft", "rm", "rlhf_branch", "if_rl", "multi_rl", "mopd", "rlhf", "longctx_rl", "code_rl",
+    c.stage_order = ("sft", "rlhf_branch", "if_rl", "multi_rl", "mopd", "rlhf", "longctx_rl", "code_rl",
                      "swe_agentless", "swe_exec")
+    if arg and "tiny" in arg.split(","):
+        for d in JUDGES:
+            c.data.domains[d].update(num_train=400, num_test=16)
     finish(c, arg)
     return c
 

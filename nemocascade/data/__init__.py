@@ -9,6 +9,7 @@
     mcq.py structured.py tool.py longctx.py swe.py   multi-domain, long-context and SWE RL domains
     preference.py    chat preference pairs for RLHF with a reward model (registers "pref")
     judge_pref.py    which of a "pref" pair is better, as a generative judge reads it (registers "judge_pref")
+    judge_longctx.py does a longctx response give the reference answer (registers "judge_longctx")
     tfds_builder.py  prepare(): build once to array_record, read back as str records
     pipeline.py      sft_dataset, prompt_dataset, encode_prompts
 
@@ -21,7 +22,7 @@ from nemocascade.data import instruct  # noqa: F401  (registers the "if" domain)
 from nemocascade.data import reasoning_gym  # noqa: F401  (registers the "rg_math" domain)
 from nemocascade.data import longctx, mcq, structured, swe, tool  # noqa: F401  (mcq json tool longctx swe)
 from nemocascade.data import preference  # noqa: F401  (registers the "pref" domain)
-from nemocascade.data import judge_pref  # noqa: F401  (registers "judge_pref": judging pref's pairs)
+from nemocascade.data import judge_longctx, judge_pref  # noqa: F401  (judges' SFT data: pref pairs, longctx answers)
 from nemocascade.data.domains import (DOMAINS, RECORD_KEYS, DomainSpec, generate_split,
                                       get_domain, register_domain, split_of)
 

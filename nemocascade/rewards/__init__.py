@@ -23,7 +23,8 @@ REWARDS: dict[str, Callable[[str, str], float]] = {
     "swe": swe.agentless_score, "swe_exec": swe.execution_score,
     # pref: evaluation only, a rule-based proxy judge; RLHF trains on the learned RM (rewards/rm_scorer.py)
     "pref": pref.score,
-    "judge_pref": verdict.score,  # a generative judge's SFT domain: the right verdict, strictly parsed
+    "judge_pref": verdict.score,  # a generative judge's SFT domains: the right verdict, strictly parsed
+    "judge_longctx": verdict.score,
 }
 
 

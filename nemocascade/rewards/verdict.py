@@ -50,7 +50,9 @@ def parse_verdict(text: str, options: tuple[str, str]) -> int | None:
 
 
 def score(completion: str, answer: str) -> float:
-    """1.0 iff the reply's strict verdict (`parse_verdict`) is `answer` ("A" or "B"); else 0.0."""
-    if answer not in PAIR_OPTIONS:
-        raise ValueError(f"judge_pref answer {answer!r}: must be one of {PAIR_OPTIONS}")
-    return float(parse_verdict(completion, PAIR_OPTIONS) == PAIR_OPTIONS.index(answer))
+    """1.0 iff the reply's strict verdict (`parse_verdict`) is `answer` ("A" / "B" for a pair, "Yes" / "No" for an
+    answer check); else 0.0."""
+    options = next((o for o in (PAIR_OPTIONS, REFERENCE_OPTIONS) if answer in o), None)
+    if options is None:
+        raise ValueError(f"verdict answer {answer!r}: must be one of {PAIR_OPTIONS + REFERENCE_OPTIONS}")
+    return float(parse_verdict(completion, options) == options.index(answer))
