@@ -95,6 +95,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = base("cascade_c2", arg)
     for d, opts in JUDGES.items():
         c.data.domains[d] = dict(num_train=20_000, num_test=c.data.domains.math.num_test, opts=dict(opts))
+    c.data.domains.judge_pref.max_prompt_len = 192  # a request and two answers
     c.data.domains.judge_longctx.max_prompt_len = 320  # the longctx context, the reference and a response
     c.stages.sft.domains = list(c.stages.sft.domains) + list(JUDGES)
     c.stages.rlhf.update(reward_model="", **JUDGE)  # pairwise GenRM (reward_mode, conciseness bonus: base's)
