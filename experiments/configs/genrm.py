@@ -13,6 +13,7 @@ judge_inconsistent per step.
 
     python experiments/run.py --config=genrm
     python experiments/run.py --config=genrm:tiny      # seconds of each stage, for CI
+    python experiments/run.py --config=genrm:judge_branch   # [ours] the judge trained 300 more steps on judge_pref
 """
 import ml_collections
 
@@ -26,7 +27,7 @@ DOMAINS = {"pref": dict(teacher_error_rate=0.5, **OPTS), "judge_pref": dict(teac
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    tags = variants("genrm", arg, ("tiny",))
+    tags = variants("genrm", arg, ("tiny", "judge_branch"))
     c = multi_base("genrm", DOMAINS)
     c.variant = arg
     c.tokenizer.update(vocab_size=768, corpus_size=2000)
@@ -41,6 +42,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                judge="stage:sft", reward_mode="pairwise", conciseness_bonus=0.1,
                                judge_max_len=352, judge_batch_size=112, length_curriculum=((0, 64),))
     c.stage_order = ("sft", "rlhf")
+    if "judge_branch" in tags:  # [ours] a judge trained further: 300 more steps on judge_pref alone, a side branch
+        c.stages.judge_sft = common.stage_config(
+            "sft", sft.DEFAULTS, domains=["judge_pref"], steps=300, batch_size=16, seq_len=288, pack=True,
+            checkpoint_every=100, eval_every=0, init_from="stage:sft", side_branch=True,
+            optim=dict(lr=1e-3, schedule="cosine", warmup_steps=30, weight_decay=0.01, min_lr_frac=0.05))
+        c.stages.rlhf.judge = "stage:judge_sft"
+        c.stage_order = ("sft", "judge_sft", "rlhf")
     if "tiny" in tags:
         c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=192)
         c.tokenizer.update(vocab_size=512, corpus_size=400)
@@ -50,4 +58,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.stages.sft.update(steps=20, eval_every=0, checkpoint_every=20)
         c.stages.rlhf.update(steps=2, prompts_per_step=2, group_size=3, eval_every=0, checkpoint_every=2,
                              judge_batch_size=12)
+        if "judge_sft" in c.stages:
+            c.stages.judge_sft.update(steps=10, checkpoint_every=10)
     return c
