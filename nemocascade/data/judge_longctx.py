@@ -19,7 +19,7 @@ import numpy as np
 from nemocascade.data import longctx
 from nemocascade.data.domains import DomainSpec, check_args, register_domain
 from nemocascade.data.math import response_text
-from nemocascade.rewards.verdict import REFERENCE_OPTIONS, reference_instruction
+from nemocascade.rewards.verdict import REFERENCE_OPTIONS, judging_record, reference_instruction
 
 DOMAIN = "judge_longctx"
 _CODE = re.compile(r"The code of box \d+ is (\d+)\.")
@@ -35,15 +35,9 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
         right = bool(rng.integers(2))
         candidate = q["answer"] if right else others[int(rng.integers(len(others)))]
         verdict = REFERENCE_OPTIONS[0 if right else 1]
-        said = REFERENCE_OPTIONS[1 - REFERENCE_OPTIONS.index(verdict)] if rng.random() < teacher_error_rate else verdict
-        records.append({
-            "domain": DOMAIN,
-            "prompt": reference_instruction(q["prompt"], q["answer"], response_text(candidate)),
-            "reasoning": "",
-            "response": f"Verdict: {said}",
-            "answer": verdict,
-            "id": f"{DOMAIN}/{q['id'].split('/', 1)[1]}/{candidate}",
-        })
+        records.append(judging_record(DOMAIN, reference_instruction(q["prompt"], q["answer"], response_text(candidate)),
+                                      verdict, f"{DOMAIN}/{q['id'].split('/', 1)[1]}/{candidate}",
+                                      rng.random() < teacher_error_rate))
     return records
 
 

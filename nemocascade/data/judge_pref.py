@@ -22,7 +22,7 @@ import numpy as np
 
 from nemocascade.data import preference
 from nemocascade.data.domains import DomainSpec, check_args, register_domain
-from nemocascade.rewards.verdict import PAIR_OPTIONS, pair_instruction
+from nemocascade.rewards.verdict import PAIR_OPTIONS, judging_record, pair_instruction
 
 DOMAIN = "judge_pref"
 
@@ -38,15 +38,9 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
         chosen_first = bool(rng.integers(2)) if split == "train" else k % 2 == 0
         a, b = (answer["chosen"], answer["rejected"]) if chosen_first else (answer["rejected"], answer["chosen"])
         right = PAIR_OPTIONS[0 if chosen_first else 1]
-        said = PAIR_OPTIONS[1 - PAIR_OPTIONS.index(right)] if rng.random() < teacher_error_rate else right
-        records.append({
-            "domain": DOMAIN,
-            "prompt": pair_instruction(pair["prompt"], a, b),
-            "reasoning": "",
-            "response": f"Verdict: {said}",
-            "answer": right,
-            "id": f"{DOMAIN}/{pair['id'].split('/', 1)[1]}/{answer['kind']}/{right}",
-        })
+        records.append(judging_record(DOMAIN, pair_instruction(pair["prompt"], a, b), right,
+                                      f"{DOMAIN}/{pair['id'].split('/', 1)[1]}/{answer['kind']}/{right}",
+                                      rng.random() < teacher_error_rate))
     return records
 
 

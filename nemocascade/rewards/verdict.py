@@ -56,3 +56,13 @@ def score(completion: str, answer: str) -> float:
     if options is None:
         raise ValueError(f"verdict answer {answer!r}: must be one of {PAIR_OPTIONS + REFERENCE_OPTIONS}")
     return float(parse_verdict(completion, options) == options.index(answer))
+
+
+def judging_record(domain: str, prompt: str, right: str, key: str, mislabel: bool) -> dict:
+    """One SFT record of a judge's domain (data/judge_pref.py, judge_longctx.py): the judging prompt, the verdict as
+    the whole response (no reasoning: what the log-probability mode reads) and the right verdict as the answer;
+    `mislabel` (a noisy labeller) gives the response the other option."""
+    options = next(o for o in (PAIR_OPTIONS, REFERENCE_OPTIONS) if right in o)
+    said = options[1 - options.index(right)] if mislabel else right
+    return {"domain": domain, "prompt": prompt, "reasoning": "", "response": f"{LEAD} {said}", "answer": right,
+            "id": key}
