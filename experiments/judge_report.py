@@ -32,7 +32,7 @@ import jax  # noqa: E402
 from export import _read_json, resolve_stage, run_model  # noqa: E402
 from nemocascade import cascade, checkpoint, evaluation, files, stats  # noqa: E402
 from nemocascade import mesh as mesh_lib  # noqa: E402
-from nemocascade.data import domains  # noqa: E402
+from nemocascade.data import domains, tfds_builder  # noqa: E402
 from nemocascade.errors import BadInput  # noqa: E402
 from nemocascade.models import param_shardings  # noqa: E402
 from nemocascade.rewards import judge as judge_lib  # noqa: E402
@@ -41,18 +41,15 @@ from nemocascade.rewards import pref, rm_scorer  # noqa: E402
 
 
 
-def held_out(cfg, domain: str, n: int) -> list[dict]:
-    """The first `n` distinct test records of `domain`: the items the run's evaluation scores (the on-disk split is
-    `generate_split`'s, record for record; `RunContext.eval_records` keeps the first of each problem key)."""
+def held_out(cfg, workdir: str, domain: str, n: int) -> list[dict]:
+    """The first `n` distinct test records of `domain`, read from the data the run built (as `cascade.setup` reads
+    it): the items the run's evaluation scores (`RunContext.eval_records`)."""
     if domain not in cfg.data.domains:
         raise BadInput(f"the run has no {domain!r} domain (config.data.domains: {list(cfg.data.domains)})")
     dc = cfg.data.domains[domain]
-    seen, out = set(), []
-    for r in domains.generate_split(domain, "test", dc.num_test, cascade.data_seed(cfg), **dc.opts.to_dict()):
-        if len(out) < n and (key := domains.problem_key(r)) not in seen:
-            seen.add(key)
-            out.append(r)
-    return out
+    sources = tfds_builder.prepare(domain, cfg.data.data_dir or os.path.join(workdir, "data"), dc.num_train,
+                                   dc.num_test, cascade.data_seed(cfg), num_val=dc.get("num_val"), **dc.opts.to_dict())
+    return domains.first_distinct(sources["test"], n)
 
 
 def report(workdir: str, before: str, after: str, judge_ref: str, n: int) -> dict:
@@ -65,7 +62,7 @@ def report(workdir: str, before: str, after: str, judge_ref: str, n: int) -> dic
         name = resolve_stage(workdir, ref)
         return checkpoint.load_params(os.path.join(workdir, "checkpoints", "final", name), abstract)
 
-    records = held_out(cfg, "pref", n)
+    records = held_out(cfg, workdir, "pref", n)
     e = cfg.eval
     answers = {}
     for which, ref in (("before", before), ("after", after)):
@@ -93,7 +90,7 @@ def report(workdir: str, before: str, after: str, judge_ref: str, n: int) -> dic
            "judge_wins_truth_losses": {"count": int(fooled.sum()), "of_judge_wins": int((judge_win > 0.5).sum())},
            "identical_answers": int(sum(a == b for a, b in finals))}
 
-    jp = held_out(cfg, "judge_pref", n) if "judge_pref" in cfg.data.domains else []
+    jp = held_out(cfg, workdir, "judge_pref", n) if "judge_pref" in cfg.data.domains else []
     if jp:
         p_a, _ = judge.verdicts([r["prompt"] for r in jp], judge_lib.PAIR_OPTIONS)
         right = np.where(np.asarray([r["answer"] for r in jp]) == "A", p_a > 0.5, p_a < 0.5).astype(float)

@@ -112,7 +112,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                    grad_clip=1.0))
     c.stage_order = ("sft", "rlhf_branch", "if_rl", "multi_rl", "mopd", "rlhf", "longctx_rl", "code_rl",
                      "swe_agentless", "swe_exec")
-    if arg and "tiny" in arg.split(","):
+    if "tiny" in variants("cascade_c2", arg, ("tiny", "kl")):
         for d in JUDGES:
             c.data.domains[d].update(num_train=400, num_test=16)
     finish(c, arg)

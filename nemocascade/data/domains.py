@@ -108,6 +108,20 @@ def problem_key(record: dict) -> str:
     return parts[3] if len(parts) == 4 else record["prompt"]
 
 
+def first_distinct(source, n: int | None = None) -> list[dict]:
+    """The first `n` records of `source` (a sequence, read lazily) with distinct problem keys (``problem_key``); all
+    of them when `n` is None or the source holds fewer: the items evaluation scores."""
+    seen, out = set(), []
+    for i in range(len(source)):
+        if n is not None and len(out) == n:
+            break
+        r = source[i]
+        if (key := problem_key(r)) not in seen:
+            seen.add(key)
+            out.append(r)
+    return out
+
+
 def check_args(split, teacher_error_rate: float = 0.0) -> None:
     """The arguments every generator shares: ValueError naming the bad one."""
     if split not in (*SPLITS, None):

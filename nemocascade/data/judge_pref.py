@@ -32,8 +32,8 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
     """``n`` judging records over ``n`` "pref" pairs of `split` (module docstring), deterministic given ``rng``."""
     check_args(split, teacher_error_rate)
     records = []
-    for k, pair in enumerate(preference.generate(rng, n, split=split, test_every=test_every,
-                                                             compound=compound)):
+    pairs = preference.generate(rng, n, split=split, test_every=test_every, compound=compound)
+    for k, pair in enumerate(pairs):
         answer = json.loads(pair["answer"])
         chosen_first = bool(rng.integers(2)) if split == "train" else k % 2 == 0
         a, b = (answer["chosen"], answer["rejected"]) if chosen_first else (answer["rejected"], answer["chosen"])

@@ -200,22 +200,19 @@ def pairwise_preferences_batch(judge: Judge, prompts: list[str], groups: list[li
     inconsistent (module docstring), over the pairs judged; pairs: how many unordered pairs had distinct texts."""
     P, G = len(prompts), len(groups[0]) if groups else 0
     p = np.full((P, G, G), 0.5)
-    todo = []  # (prompt, i, j) of ordered pairs with distinct texts
+    judged = np.zeros((P, G, G), bool)  # ordered pairs with distinct texts
+    instructions = []
     for k, (prompt, rs) in enumerate(zip(prompts, groups)):
         if len(rs) != G:
             raise ValueError(f"prompt {k} has {len(rs)} responses, the first has {G}")
         budget = judge.budget(pair_instruction(prompt, "", ""), PAIR_OPTIONS, 2) - 2  # re-tokenising slack
-        clipped = [judge.clip(clean(r), budget) for r in rs]
-        todo += [(k, i, j, pair_instruction(prompt, clipped[i], clipped[j])) for i in range(G) for j in range(G)
-                 if i != j and clean(rs[i]) != clean(rs[j])]
-    if todo:
-        first, _ = judge.verdicts([t[3] for t in todo], PAIR_OPTIONS)
-        for (k, i, j, _), v in zip(todo, first):
-            p[k, i, j] = v
+        cleaned = [clean(r) for r in rs]
+        clipped = [judge.clip(r, budget) for r in cleaned]
+        judged[k] = np.asarray([[a != b for b in cleaned] for a in cleaned])
+        instructions += [pair_instruction(prompt, clipped[i], clipped[j]) for i, j in zip(*np.nonzero(judged[k]))]
+    if instructions:
+        p[judged] = judge.verdicts(instructions, PAIR_OPTIONS)[0]  # np.nonzero and boolean indexing: one order
     pref = (p + 1.0 - np.swapaxes(p, 1, 2)) / 2.0
-    judged = np.zeros((P, G, G), bool)
-    for k, i, j, _ in todo:
-        judged[k, i, j] = True
     upper = judged & np.triu(np.ones((G, G), bool), 1)[None]
     stats = {"pairs": int(upper.sum()),
              "position_bias": float(p[judged].mean() - 0.5) if judged.any() else 0.0,
@@ -227,13 +224,10 @@ def pairwise_preferences_batch(judge: Judge, prompts: list[str], groups: list[li
 def reference_rewards(judge: Judge, questions: list[str], references: list[str], responses: list[str]) -> np.ndarray:
     """[N] Pr(response n gives reference n's answer): the question is cut from the left (its end, where the
     question is asked, stays), the response from the right, to fit the judge."""
-    out = []
     instructions = []
     for q, ref, r in zip(questions, references, responses):
         budget = judge.budget(reference_instruction("", ref, ""), REFERENCE_OPTIONS, 2) - 2
         ids = judge.tokenizer.encode(clean(q))
         q = q if len(ids) <= budget else judge.tokenizer.decode(ids[-budget:])
         instructions.append(reference_instruction(q, ref, judge.clip(clean(r), budget)))
-    if instructions:
-        out, _ = judge.verdicts(instructions, REFERENCE_OPTIONS)
-    return np.asarray(out, np.float64)
+    return judge.verdicts(instructions, REFERENCE_OPTIONS)[0] if instructions else np.zeros((0,), np.float64)

@@ -55,9 +55,10 @@ def is_helpful(text: str) -> bool:
     return bool(words(text)) and not any(m in low for m in UNHELPFUL_MARKERS)
 
 
-def on_topic(text: str, keywords) -> bool:
+def on_topic(text: str, keywords, require_all: bool = False) -> bool:
+    """One of `keywords` occurs in `text` (case-insensitive substring); every one of them with `require_all`."""
     low = text.lower()
-    return any(k.lower() in low for k in keywords)
+    return (all if require_all else any)(k.lower() in low for k in keywords)
 
 
 def no_repeat(text: str) -> bool:
@@ -77,9 +78,7 @@ def judge(final: str, spec: dict) -> float:
     """The proxy score of a final text (no think block) given the parsed ``answer`` JSON."""
     if not is_helpful(final):
         return 0.0
-    topical = (all(on_topic(final, [k]) for k in spec["keywords"]) if spec.get("require_all")
-               else on_topic(final, spec["keywords"]))
-    checks = (topical, no_repeat(final),
+    checks = (on_topic(final, spec["keywords"], bool(spec.get("require_all"))), no_repeat(final),
               length_ok(final, int(spec["min_words"]), int(spec["max_words"])))
     return sum(checks) / len(checks)
 

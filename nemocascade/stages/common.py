@@ -93,15 +93,7 @@ class RunContext:
         `domains.problem_key`, is the same), and a repeat is not a new independent item: counting it would shrink
         every interval. So the configs generate more test and validation records than they score. `n` in
         summary.json is the number of distinct problems scored."""
-        src, seen, out = self.sources[domain][split], set(), []
-        for i in range(len(src)):  # read lazily: the split holds more records than are scored
-            if n is not None and len(out) == n:
-                break
-            r = src[i]
-            if (key := domains.problem_key(r)) not in seen:
-                seen.add(key)
-                out.append(r)
-        return out
+        return domains.first_distinct(self.sources[domain][split], n)  # the split holds more than are scored
 
 
 def stage_config(kind: str, kind_defaults: dict, **overrides) -> ml_collections.ConfigDict:

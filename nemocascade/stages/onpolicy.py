@@ -27,6 +27,9 @@ import ml_collections
 import numpy as np
 
 from nemocascade import checkpoint, losses, objectives, optim
+from nemocascade.models import pretrained
+from nemocascade.rewards import judge as judge_lib
+from nemocascade.rewards import rm_scorer as rm_rewards
 from nemocascade.rl import filters
 from nemocascade.rl import rollouts as rollouts_lib
 from nemocascade.rl import update
@@ -109,8 +112,6 @@ def judge_problems(stage, earlier: dict) -> list[str]:
     j = stage.judge
     if not j:
         return ["reward_mode='reference': needs a judge (judge=...)"] if stage.reward_mode == "reference" else []
-    from nemocascade.rewards import judge as judge_lib  # stages with a judge only
-
     bad = [f"judge={j!r} and reward_model={stage.reward_model!r}: choose one"] if stage.reward_model else []
     bad += [f"judge={j!r}: reward_mode must be 'pairwise' (GenRM) or 'reference' (answer judge), not 'scalar'"] if (
         stage.reward_mode == "scalar") else []
@@ -229,9 +230,6 @@ def reward_scorer(ctx, stage):
 
 def load_judge(ctx, stage):
     """The stage's judge (rewards/judge.py) on the run's mesh: a checkpoint of this run, or a GGUF / HF model."""
-    from nemocascade.models import pretrained
-    from nemocascade.rewards import judge as judge_lib
-
     spec = stage.judge
     if spec.startswith(("stage:", "best:")):
         params = checkpoint.load_params(ctx.checkpoints.path(spec), ctx.abstract_params)
@@ -253,26 +251,22 @@ class JudgeScorer:
     judge_position_bias and judge_inconsistent (rewards/judge.py)."""
 
     def __init__(self, ctx, stage):
-        from nemocascade.rewards import rm_scorer as rm_rewards
-        from nemocascade.rewards import judge as judge_lib
-
-        self.stage, self.judge, self._lib, self._rm = stage, load_judge(ctx, stage), judge_lib, rm_rewards
+        self.stage, self.judge = stage, load_judge(ctx, stage)
         self._extra: dict[str, list[float]] = defaultdict(list)
 
     def __call__(self, records, texts, lengths):
-        lib, stage, G = self._lib, self.stage, self.stage.group_size
-        finals = [self._rm.final_text(t) for t in texts]  # the judge never reads the think block
+        stage, G = self.stage, self.stage.group_size
+        finals = [rm_rewards.final_text(t) for t in texts]  # the judge never reads the think block
         if stage.reward_mode == "reference":
-            r = lib.reference_rewards(self.judge, [r["prompt"] for r in records for _ in range(G)],
-                                      [str(r["answer"]) for r in records for _ in range(G)], finals)
+            r = judge_lib.reference_rewards(self.judge, [r["prompt"] for r in records for _ in range(G)],
+                                            [str(r["answer"]) for r in records for _ in range(G)], finals)
             return r.reshape(len(records), G)
         groups = [finals[k * G:(k + 1) * G] for k in range(len(records))]
-        prefs, stats = lib.pairwise_preferences_batch(self.judge, [r["prompt"] for r in records], groups)
+        prefs, stats = judge_lib.pairwise_preferences_batch(self.judge, [r["prompt"] for r in records], groups)
         if stats["pairs"]:
             self._extra["judge_position_bias"].append(stats["position_bias"])
             self._extra["judge_inconsistent"].append(stats["inconsistent"])
-        return np.stack([self._rm.pairwise_rewards(p, lens, stage.conciseness_bonus, stage.quality_gate)
-                         for p, lens in zip(prefs, lengths)])
+        return group_rewards(prefs, lengths, stage)
 
     def take_metrics(self) -> dict:
         s = self.judge.take_stats()
@@ -282,9 +276,15 @@ class JudgeScorer:
         return out
 
 
+def group_rewards(prefs, lengths, stage) -> np.ndarray:
+    """[n_prompts, G] Cascade 2 rewards of each group's [G, G] Pr(i beats j) (`rm_scorer.pairwise_rewards`, the
+    stage's conciseness bonus and quality gate): one aggregation for the BT RM and the generative judge."""
+    return np.stack([rm_rewards.pairwise_rewards(p, lens, stage.conciseness_bonus, stage.quality_gate)
+                     for p, lens in zip(prefs, lengths)])
+
+
 def rm_scorer(ctx, stage):
     """Rewards [n_prompts, G] from the reward model of stage `stage.reward_model` (saved by `stages/rm.py`)."""
-    from nemocascade.rewards import rm_scorer as rm_rewards  # RLHF stages only
     from nemocascade.stages import rm as rm_stage
 
     scorer = rm_rewards.RewardModelScorer.load(
@@ -296,6 +296,5 @@ def rm_scorer(ctx, stage):
         s = scorer.score([r["prompt"] for r in records for _ in range(G)], texts).reshape(len(records), G)
         if stage.reward_mode == "scalar":
             return s
-        return np.stack([rm_rewards.pairwise_rewards(rm_rewards.bt_preferences(row), lens, stage.conciseness_bonus,
-                                                     stage.quality_gate) for row, lens in zip(s, lengths)])
+        return group_rewards([rm_rewards.bt_preferences(row) for row in s], lengths, stage)
     return score
