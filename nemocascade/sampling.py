@@ -150,3 +150,111 @@ def sequences(samples: Samples):
     positions = left_pad_positions(valid)
     response_mask = jnp.concatenate([jnp.zeros_like(samples.prompts[:, 1:], jnp.float32), samples.mask], axis=1)
     return tokens, valid, positions, response_mask
+
+
+# ----------------------------------------------------------------------------------------------------
+# Multi-turn episodes: the model's turns and the environment's observations share one KV cache.
+#
+# Slots are a timeline shared by all rows (one write index `t`, as in `sample`): in a turn every row that is still
+# talking writes one token a step, the others write an empty (invalid) slot; an observation is one chunk of
+# `W` slots, right-padded per row. Each row keeps its own rotary position (its real tokens so far) and attends
+# only to its valid slots, so its tokens are exactly those of the compacted trajectory (prompt, turn,
+# observation, turn, ...) re-encoded from scratch (tests/test_episodes.py). Mamba layers would let an empty slot
+# decay their state: multi-turn sampling refuses hybrid models (`check_episode_model`).
+
+
+class Episodes(NamedTuple):
+    cache: object          # KVCache over prompt_len + R slots
+    last: jax.Array        # [B, vocab] float32 logits of each row's next token
+    t: jax.Array           # int32: the next free slot (shared)
+    pos: jax.Array         # [B] int32: each row's next rotary position = its real tokens so far
+    used: jax.Array        # [B] int32: tokens after the prompt (the model's and the observations')
+    tokens: jax.Array      # [B, R] int32: the token in slot prompt_len + j (pad when empty)
+    kind: jax.Array        # [B, R] int8: 0 empty, 1 the model's, 2 an observation's
+    logprobs: jax.Array    # [B, R] float32: log pi(token) at temperature 1 on the model's tokens, else 0
+    talking: jax.Array     # [B] bool: still in its turn (after `decode_turn`: cut by a length limit)
+
+
+EMPTY, MODEL, OBSERVATION = 0, 1, 2
+
+
+def check_episode_model(cfg: ModelConfig) -> None:
+    if cfg.layer_pattern and "M" in cfg.layer_pattern:
+        raise ValueError("multi-turn sampling (max_turns > 1) needs a model without Mamba layers: an empty slot "
+                         f"between turns would decay their state (layer_pattern={cfg.layer_pattern!r})")
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "slots", "num_samples"))
+def begin_episodes(params, cfg: ModelConfig, prompt_tokens, prompt_lens, *, slots: int,
+                   num_samples: int = 1) -> Episodes:
+    """Prefill the left-padded prompts once each, share each prompt's cache by its `num_samples` rows (adjacent),
+    and leave `slots` empty slots after the prompts for turns and observations."""
+    check_episode_model(cfg)
+    B0, prompt_len = prompt_tokens.shape
+    lens0 = prompt_lens.astype(jnp.int32)
+    valid0 = jnp.arange(prompt_len)[None, :] >= (prompt_len - lens0)[:, None]
+    cache = init_cache(cfg, B0, prompt_len + slots)
+    logits, cache = forward_cached(params, cfg, prompt_tokens, left_pad_positions(valid0), valid0, cache, 0,
+                                   last_only=True, seen=prompt_len)
+    G = num_samples
+    rows = lambda x: jnp.repeat(x, G, axis=0)  # noqa: E731
+    B = B0 * G
+    return Episodes(cache.repeat_rows(G), rows(logits[:, -1]), jnp.int32(prompt_len), rows(lens0),
+                    jnp.zeros((B,), jnp.int32), jnp.zeros((B, slots), jnp.int32), jnp.zeros((B, slots), jnp.int8),
+                    jnp.zeros((B, slots), jnp.float32), jnp.zeros((B,), bool))
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "top_k", "greedy"), donate_argnames=("ep",))
+def decode_turn(params, cfg: ModelConfig, ep: Episodes, talking, rng, *, max_new_tokens: int, budget, stop_ids,
+                pad_id=0, temperature=1.0, top_p=1.0, top_k: int = 0, greedy: bool = False) -> Episodes:
+    """One turn of the rows in `talking` [B] bool: each draws tokens until one of `stop_ids` (included), its
+    `max_new_tokens` for this turn, its `budget` of tokens after the prompt, or the last slot. The other rows idle
+    (empty slots). Returns the episodes with `talking` True on the rows that were cut by a limit."""
+    prompt_len = ep.cache.valid.shape[1] - ep.tokens.shape[1]
+    slots = ep.cache.valid.shape[1]
+    stop_ids = jnp.asarray(stop_ids, jnp.int32)
+
+    def cond(state):
+        i, ep, _ = state
+        return (i < max_new_tokens) & (ep.t < slots) & jnp.any(ep.talking)
+
+    def body(state):
+        i, ep, rng = state
+        rng, key = jax.random.split(rng)
+        on = ep.talking
+        tok = (jnp.argmax(ep.last, axis=-1).astype(jnp.int32) if greedy
+               else draw(filter_logits(ep.last, temperature, top_p, top_k), key))
+        lp = jnp.take_along_axis(jax.nn.log_softmax(ep.last, axis=-1), tok[:, None], axis=-1)[:, 0]
+        tok = jnp.where(on, tok, pad_id)
+        j = ep.t - prompt_len
+        logits, cache = forward_cached(params, cfg, tok[:, None], ep.pos[:, None], on[:, None], ep.cache, ep.t)
+        used = ep.used + on
+        stopped = on & jnp.any(tok[:, None] == stop_ids[None, :], axis=1)
+        ep = ep._replace(
+            cache=cache, last=jnp.where(on[:, None], logits[:, -1], ep.last), t=ep.t + 1, pos=ep.pos + on,
+            used=used, tokens=ep.tokens.at[:, j].set(tok), kind=ep.kind.at[:, j].set(jnp.where(on, MODEL, EMPTY)),
+            logprobs=ep.logprobs.at[:, j].set(jnp.where(on, lp, 0.0)), talking=on & ~stopped & (used < budget))
+        return i + 1, ep, rng
+
+    _, ep, _ = jax.lax.while_loop(cond, body, (jnp.int32(0), ep._replace(talking=talking & (ep.used < budget)), rng))
+    return ep
+
+
+@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("ep",))
+def append_observations(params, cfg: ModelConfig, ep: Episodes, obs_tokens, obs_lens) -> Episodes:
+    """Write each row's observation (`obs_tokens` [B, W], its first `obs_lens` [B] tokens real; 0 = none) into the
+    next W slots and encode them in one pass; a row's next token is then drawn after its observation's last token.
+    The caller checks that W slots are left."""
+    prompt_len = ep.cache.valid.shape[1] - ep.tokens.shape[1]
+    W = obs_tokens.shape[1]
+    lens = obs_lens.astype(jnp.int32)
+    valid = jnp.arange(W)[None, :] < lens[:, None]
+    logits, cache = forward_cached(params, cfg, obs_tokens, ep.pos[:, None] + jnp.arange(W)[None, :], valid,
+                                   ep.cache, ep.t)
+    at_last = jnp.take_along_axis(logits, jnp.maximum(lens - 1, 0)[:, None, None], axis=1)[:, 0]
+    j = ep.t - prompt_len
+    put = lambda a, x: jax.lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), j, axis=1)  # noqa: E731
+    return ep._replace(cache=cache, last=jnp.where((lens > 0)[:, None], at_last, ep.last), t=ep.t + W,
+                       pos=ep.pos + lens, used=ep.used + lens, tokens=put(ep.tokens, jnp.where(valid, obs_tokens, 0)),
+                       kind=put(ep.kind, jnp.where(valid, OBSERVATION, EMPTY)),
+                       logprobs=put(ep.logprobs, jnp.zeros(valid.shape, jnp.float32)))

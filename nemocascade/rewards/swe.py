@@ -41,7 +41,7 @@ def extract_code(completion: str) -> str | None:
     return None if len(final) > MAX_ANSWER_CHARS else last_python_block(final)
 
 
-def _parse(code: str | None) -> ast.Module | None:
+def parse_code(code: str | None) -> ast.Module | None:
     """The parsed module, or None for missing, empty or unparsable code."""
     if code is None:
         return None
@@ -62,7 +62,7 @@ def agentless_score(completion: str, answer: str) -> float:
     """C1's agentless repair reward in {-1} U [0, 1] (module docstring); never raises."""
     try:
         spec = json.loads(answer)
-        tree = _parse(extract_code(completion))
+        tree = parse_code(extract_code(completion))
         if tree is None:
             return -1.0
         dump = ast.dump(tree)
@@ -86,7 +86,7 @@ def execution_score(completion: str, answer: str) -> float:
     try:
         spec = json.loads(answer)
         code = extract_code(completion)
-        if _parse(code) is None:
+        if parse_code(code) is None:
             return 0.0
         return 1.0 if passes_tests(code, spec["tests"], timeout_s=EXEC_TIMEOUT_S) else 0.0
     except Exception:  # a verifier failure must cost one reward, never the RL step
