@@ -23,7 +23,8 @@ import time
 
 import jax
 
-from nemocascade import chat, checkpoint, evaluation, files, hosts, interrupts, lora, named_checkpoints, plots, stats
+from nemocascade import chat, checkpoint, envs, evaluation, files, hosts, interrupts, lora, named_checkpoints, plots
+from nemocascade import stats
 from nemocascade import workdir as workdir_lib
 from nemocascade.configs import flatten, stage_order
 from nemocascade.data import tfds_builder
@@ -239,6 +240,12 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
                                           rng=jax.random.key(i), **common.eval_settings(ctx, domain),
                                           **(sampled if domain in sampled_domains else {}),
                                           desc=f"eval {split} {domain}")
+    for i, (domain, name, agent) in enumerate(agent_evals(ctx.cfg)):  # agents in environments, beside the above
+        records = ctx.eval_records(domain, split, n or None)
+        out[f"{domain}@{name}"] = evaluation.evaluate_episodes(
+            params, ctx.model_cfg, ctx.tokenizer, records, [envs.env_name(domain, agent.get("envs"))] * len(records),
+            agent_settings(ctx, agent), batch_size=ctx.cfg.eval.batch_size, rng=jax.random.key(2000 + i),
+            mesh=ctx.mesh, desc=f"eval {split} {domain}@{name}")
     for name, sc in ctx.cfg.eval.get("sets", {}).items() if split == "test" else ():
         settings = common.eval_settings(ctx) | {k: sc[k] for k in ("max_prompt_len", "max_new_tokens") if k in sc}
         if name not in ctx.eval_sets:
@@ -251,6 +258,26 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
     items = {name: result.pop("scores") for name, result in out.items()}
     items |= {f"avg@k/{name}": result.pop("avg@k_scores") for name, result in out.items() if "avg@k_scores" in result}
     return out, items
+
+
+def agent_evals(cfg) -> list[tuple]:
+    """(domain, name, settings) of every agent evaluation `config.eval.agents` names (name -> {max_turns,
+    max_new_tokens per turn, max_total_tokens, max_obs_tokens, envs}), on each run domain with an environment:
+    scored as "<domain>@<name>"."""
+    return [(d, name, a) for name, a in cfg.eval.get("agents", {}).items() for d in cfg.data.domains
+            if envs.env_name(d, a.get("envs"))]
+
+
+def agent_settings(ctx, agent):
+    """Greedy episodes with an agent evaluation's budgets (`agent_evals`); unset keys from `config.eval`."""
+    from nemocascade.rl import episodes
+
+    e = ctx.cfg.eval
+    turns, per_turn = agent.get("max_turns", 1), agent.get("max_new_tokens", e.max_new_tokens)
+    return episodes.Settings(max_turns=turns, max_new_tokens=per_turn,
+                             max_total_tokens=agent.get("max_total_tokens", 0) or turns * per_turn,
+                             max_obs_tokens=agent.get("max_obs_tokens", 128), max_prompt_len=e.max_prompt_len,
+                             greedy=True, thinking=ctx.cfg.thinking)
 
 
 def _eval_sampling(cfg) -> dict:

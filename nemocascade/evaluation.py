@@ -105,6 +105,36 @@ def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_pro
     return out
 
 
+def evaluate_episodes(params, model_cfg, tokenizer, records, env_names, settings, *, batch_size, rng, mesh=None,
+                      desc=None):
+    """Multi-turn agents on `records` (greedy, `settings`: rl/episodes.Settings), each in its environment
+    `env_names[i]`; the episode's reward is the score. Returns `evaluate`'s keys ("pass@1", "n", "ci95",
+    "mean_len" = the model's tokens, "scores") and the agent's: "turns" (mean), "turns_frac" {k: share of episodes
+    with k turns}, "tool_errors" (mean per episode), "done_rate" (the environment ended the episode)."""
+    from nemocascade.rl import episodes
+
+    scores, model_tokens, turns, errors, done = [], [], [], [], []
+    starts = range(0, len(records), batch_size)
+    for start in progress(starts, desc=desc) if desc else starts:
+        chunk, names = records[start:start + batch_size], env_names[start:start + batch_size]
+        pad = batch_size - len(chunk)  # one compiled shape: the last batch repeats its last record
+        traj = episodes.run_episodes(params, model_cfg, tokenizer, chunk + [chunk[-1]] * pad, names + [names[-1]] * pad,
+                                     settings, jax.random.fold_in(rng, start), mesh)
+        n = len(chunk)
+        scores += traj.rewards[:n].tolist()
+        model_tokens += (traj.kind[:n] == 1).sum(1).tolist()
+        turns += traj.turns[:n].tolist()
+        errors += traj.tool_errors[:n].tolist()
+        done += traj.done[:n].tolist()
+    turns_arr = np.asarray(turns)
+    return {"pass@1": float(np.mean(scores)) if scores else 0.0, "n": len(records), "ci95": stats.mean_ci95(scores),
+            "mean_len": float(np.mean(model_tokens)) if scores else 0.0, "scores": [float(s) for s in scores],
+            "turns": float(turns_arr.mean()) if scores else 0.0,
+            "turns_frac": {str(k): float((turns_arr == k).mean()) for k in range(1, settings.max_turns + 1)},
+            "tool_errors": float(np.mean(errors)) if scores else 0.0,
+            "done_rate": float(np.mean(done)) if scores else 0.0}
+
+
 # Real evaluation sets any config can name in `config.eval.sets` (name -> settings), evaluated after every
 # stage next to the run's own domains. Loaded lazily: "module:function" returning records whose `domain`
 # picks the reward (HumanEval -> code sandbox, IFBench -> instruction checkers).

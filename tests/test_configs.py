@@ -81,7 +81,7 @@ def test_default_variants_follow_the_paper(name):
     assert cfg.eval.avg_k > 0 and cfg.eval.temperature == 1.0
 
 
-@pytest.mark.parametrize("name", ["cascade_math", "cascade_demo", "genrm"])
+@pytest.mark.parametrize("name", ["cascade_math", "cascade_demo", "genrm", "swe_agent"])
 def test_procedural_test_splits_hold_eval_n_distinct_problems(name):
     # The generators repeat problems; evaluation scores the first eval.n distinct ones, so the test split must hold
     # that many (and validation val_n): from the generators themselves, with the run's seed and options.

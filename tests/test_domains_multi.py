@@ -418,7 +418,7 @@ def test_longctx_length_control_and_options():
         dlong.generate(np.random.default_rng(0), 1, num_facts=3)
 
 
-@pytest.mark.parametrize("domain", ["if", "mcq", "json", "tool", "code", "longctx", "math"])
+@pytest.mark.parametrize("domain", ["if", "mcq", "json", "tool", "code", "longctx", "math", "swe"])
 def test_problem_key_is_the_key_the_split_hashed(domain):
     # evaluation counts a problem once by domains.problem_key (RunContext.eval_records): it must be the canonical key
     # that decided the split (math's id puts the family in front of it), so two wordings of one problem share it

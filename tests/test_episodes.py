@@ -173,7 +173,8 @@ def test_swe_repair_hidden_test_ends_the_episode_unrewarded():
     from nemocascade.data import swe
 
     rng = np.random.default_rng(0)
-    recs = [r for r in swe.generate(rng, 60, split=None, teacher_error_rate=1.0) if "/compare/" in r["id"] or "/bound/" in r["id"]]
+    recs = [r for r in swe.generate(rng, 60, split=None, teacher_error_rate=1.0)
+            if r["id"].split("/")[3] in ("compare", "bound")]
     for rec in recs:
         slip = rec["response"].split("```python\n")[1].split("\n```")[0]
         st = envs.make_env("swe_repair", rec).step(_fence(slip))
@@ -249,3 +250,25 @@ def test_python_environment_runs_code_then_scores_the_answer():
 def test_unknown_environment_is_named():
     with pytest.raises(KeyError, match="swe_repair"):
         envs.make_env("nope", {})
+
+
+def test_swe_agent_tiny_trains_multi_turn_and_evaluates_both_ways(tmp_path, run_cli):
+    """swe_agent:tiny end to end: the multi-turn arm's steps log the agent metrics (episodes of up to 3 turns, the
+    turn shares adding to 1), and every stage is scored single-turn and multi-turn on the same held-out items."""
+    run_cli("swe_agent:tiny", tmp_path / "wd")
+    rows = [json.loads(line) for line in open(tmp_path / "wd" / "metrics.jsonl")]
+    multi = [r for r in rows if r["stage"] == "rl_multi"]
+    assert len(multi) == 2
+    for r in multi:
+        shares = [v for k, v in r.items() if k.startswith("turns_frac/")]
+        assert 1.0 <= r["turns"] <= 3.0 and sum(shares) == pytest.approx(1.0) and r["env_s"] > 0
+        assert r["obs_tokens"] > 0 if r["turns"] > 1 else True
+    assert max(r["turns"] for r in multi) > 1  # a tiny model writes no code block: asked again, up to the budget
+    assert not any("turns" in r for r in rows if r["stage"] == "rl_single")
+    summary = json.load(open(tmp_path / "wd" / "summary.json"))
+    for stage in summary["stages"]:
+        for split in ("eval", "val"):
+            ev = stage[split]
+            assert set(ev) == {"swe", "swe@single", "swe@multi"}
+            assert ev["swe@single"]["n"] == ev["swe@multi"]["n"] == ev["swe"]["n"]
+            assert sum(ev["swe@multi"]["turns_frac"].values()) == pytest.approx(1.0) and "ci95" in ev["swe@multi"]

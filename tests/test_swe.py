@@ -149,16 +149,25 @@ def test_generator_slips_hand_worked():
 
 
 def test_generator_deterministic_and_split_by_buggy_code():
+    """The split hashes the problem key, which names the buggy code one to one: no buggy code is in train and test,
+    and two records share a key iff they share the buggy code (wide or not)."""
     a = dswe.generate(np.random.default_rng(7), 60, teacher_error_rate=0.5)
     assert a == dswe.generate(np.random.default_rng(7), 60, teacher_error_rate=0.5)
     for i, r in enumerate(a):
         domains.validate_record(r, i)
     train = domains.generate_split("swe", "train", 400, seed=0)
     test = domains.generate_split("swe", "test", 60, seed=0)
-    key = lambda r: json.loads(r["answer"])["buggy"]  # noqa: E731
-    assert all(domains.split_of(key(r)) == "train" for r in train)
-    assert all(domains.split_of(key(r)) == "test" for r in test)
-    assert not {key(r) for r in train} & {key(r) for r in test}
+    code = lambda r: json.loads(r["answer"])["buggy"]  # noqa: E731
+    assert all(domains.split_of(domains.problem_key(r)) == "train" for r in train)
+    assert all(domains.split_of(domains.problem_key(r)) == "test" for r in test)
+    assert not {code(r) for r in train} & {code(r) for r in test}
+    distinct = []
+    for wide in (False, True):
+        recs = dswe.generate(np.random.default_rng(1), 1500, split=None, wide=wide)
+        keys, codes = {domains.problem_key(r) for r in recs}, {code(r) for r in recs}
+        assert len(keys) == len(codes) == len({(domains.problem_key(r), code(r)) for r in recs})
+        distinct.append(len(keys))
+    assert distinct[1] > 1.5 * distinct[0], distinct
     with pytest.raises(ValueError, match="bugs must be a non-empty subset"):
         dswe.generate(np.random.default_rng(0), 1, bugs=("typo",))
 

@@ -26,7 +26,8 @@ the first hidden test is drawn to tell the slip from the fix, so its execution r
 Length: the longest of the short domains, since the response is the whole function: prompt ~43 words /
 ~110 tokens, reasoning + response ~38 words / ~85 tokens (SentencePiece vocab 1000, chat template included).
 
-Held-out split: by the buggy function's code, which determines the problem (the tests are drawn).
+Held-out split: by the problem key bug/function/list name[/threshold][/wrong operator], which names the buggy
+function's code one to one (the tests are drawn).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from nemocascade.data.domains import DomainSpec, check_args, register_domain, sp
 
 DOMAIN = "swe"
 LIST_NAMES = ("xs", "nums", "vals", "data")
+WIDE_NAMES = LIST_NAMES + ("items", "arr", "seq", "lst")  # `wide`: more problems (issue 20 needs >= 500 held out)
 BUGS = ("bound", "compare", "arith", "return")
 MIRROR = {">": "<", "<": ">"}
 
@@ -114,14 +116,14 @@ def _run(fn, xs: list[int]):
         return type(e).__name__
 
 
-def _case(rng) -> list[int]:
-    return [int(v) for v in rng.integers(0, 10, int(rng.integers(3, 7)))]
+def _case(rng, top: int = 10) -> list[int]:
+    return [int(v) for v in rng.integers(0, top, int(rng.integers(3, 7)))]
 
 
-def _distinguishing(rng, good, bad, tries: int = 200) -> list[int] | None:
+def _distinguishing(rng, good, bad, tries: int = 200, top: int = 10) -> list[int] | None:
     """A drawn input on which ``bad`` returns something other than ``good``; None if none in ``tries``."""
     for _ in range(tries):
-        case = _case(rng)
+        case = _case(rng, top)
         if _run(good, case) != _run(bad, case):
             return case
     return None
@@ -132,13 +134,16 @@ def code_block(code: str) -> str:
 
 
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
-             teacher_error_rate: float = 0.0, bugs: tuple[str, ...] = BUGS, test_every: int = 10) -> list[dict]:
+             teacher_error_rate: float = 0.0, bugs: tuple[str, ...] = BUGS, test_every: int = 10,
+             wide: bool = False) -> list[dict]:
     """``n`` SWE repair records (domains.py record contract), deterministic given ``rng`` and the options.
 
     Args:
         split: keep only problems with ``split_of(buggy_code, test_every) == split`` (``None``: all).
         teacher_error_rate: probability of the teacher's wrong repair on ``bound``/``compare`` bugs.
         bugs: bug families to draw from, uniformly (default all four).
+        wide: 8 list names (not 4), thresholds 1-29 (not 1-8) and list values 0-39 (not 0-9): ~7,400 distinct
+            problems instead of ~1,000, so a split of 1/10 holds over 500.
     """
     check_args(split, teacher_error_rate)
     unknown = sorted(set(bugs) - set(BUGS))
@@ -153,23 +158,29 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         bug = bugs[int(rng.integers(len(bugs)))]
         names = sorted(f for f, (t, _) in FUNCTIONS.items() if bug != "arith" or t is ACCUMULATE)
         name = names[int(rng.integers(len(names)))]
-        xs = LIST_NAMES[int(rng.integers(len(LIST_NAMES)))]
+        names_ = WIDE_NAMES if wide else LIST_NAMES
+        xs = names_[int(rng.integers(len(names_)))]
         template = FUNCTIONS[name][0]
-        k = int(rng.integers(1, 9))
+        k = int(rng.integers(1, 30 if wide else 9))
+        top = 40 if wide else 10
         golden = _golden_slots(name, xs)
         bad, slip, why, slip_why = _bug_slots(rng, name, xs, bug, golden)
         fill = dict(f=name, xs=xs, k=k)
         fix, buggy = template.format(**fill, **golden), template.format(**fill, **{**golden, **bad})
         slipped_code = template.format(**fill, **{**golden, **slip}) if slip else None
-        if split is not None and split_of(buggy, test_every) != split:
+        # the problem key names the buggy code one to one (v1 split by the code but its id named only bug/function:
+        # 32 keys, so evaluation counted at most 32 distinct problems); the threshold k is in ACCUMULATE only
+        key = (f"{bug}/{name}/{xs}" + (f"/{k}" if template is ACCUMULATE else "")
+               + (f"/{next(iter(bad.values()))}" if bug == "arith" else ""))
+        if split is not None and split_of(key, test_every) != split:
             continue
         # Tests: the shown one fails the buggy code, the first hidden one the slip (when there is one).
         fns = {c: _function(c, name) for c in (fix, buggy, slipped_code) if c is not None}
-        shown = _distinguishing(rng, fns[fix], fns[buggy])
-        caught = _distinguishing(rng, fns[fix], fns[slipped_code]) if slip else _case(rng)
+        shown = _distinguishing(rng, fns[fix], fns[buggy], top=top)
+        caught = _distinguishing(rng, fns[fix], fns[slipped_code], top=top) if slip else _case(rng, top)
         if shown is None or caught is None:
             continue  # no telling input drawn (rare); draw another problem
-        cases = [shown, caught, _case(rng)]
+        cases = [shown, caught, _case(rng, top)]
         tests = [f"assert {name}({case}) == {_run(fns[fix], case)}" for case in cases]
         slipped = bool(rng.random() < teacher_error_rate) and slip is not None
         records.append({
@@ -178,11 +189,11 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
             "reasoning": slip_why if slipped else why,
             "response": code_block(slipped_code if slipped else fix),
             "answer": json.dumps({"fix": fix, "buggy": buggy, "tests": tests}),
-            "id": f"{DOMAIN}/{split or 'all'}/{len(records)}/{bug}/{name}",
+            "id": f"{DOMAIN}/{split or 'all'}/{len(records)}/{key}",
         })
     return records
 
 
 register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="1",
+    name=DOMAIN, generate=generate, version="2",  # 2: problem keys that identify the problem
     description="SWE repair: fix one injected bug in a small function (teacher mis-repairs some bugs)"))

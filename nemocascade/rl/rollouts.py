@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nemocascade import evaluation, sampling
+from nemocascade import envs, evaluation, sampling
 from nemocascade.data import pipeline
-from nemocascade.rl import filters
+from nemocascade.rl import episodes, filters
 from nemocascade.mesh import shard_batch, to_host
 from nemocascade.rewards.pool import OUTCOMES
 
@@ -72,6 +72,8 @@ class RolloutSource:
         that): chunk c+1 is dispatched before chunk c is scored, so the verifiers run while the device generates
         (`pipelined`). One chunk samples all P prompts with `rng` itself; chunk c of several uses fold_in(rng, c)."""
         ctx, stage, G = self.ctx, self.stage, self.stage.group_size
+        if stage.get("max_turns", 1) > 1:
+            return self._episodes(params, records, max_new, rng)
         P = len(records)
         n = chunk_count(P, stage.score_overlap)
         k = P // n
@@ -103,6 +105,22 @@ class RolloutSource:
             self.epoch_filter.update([r["id"] for r in records], groups["rewards"])
         return groups, {**timing, **verifier}
 
+    def _episodes(self, params, records, max_new: int, rng):
+        """Multi-turn rollouts (rl/episodes.py): G episodes per record in its domain's environment, rewarded by
+        the environment -> (groups, stats with the agent metrics: turns, tool errors, environment seconds)."""
+        ctx, stage = self.ctx, self.stage
+        t = time.perf_counter()
+        traj = episodes.run_episodes(params, ctx.model_cfg, ctx.tokenizer, records,
+                                     [envs.env_name(r["domain"], stage.envs) for r in records],
+                                     episode_settings(stage, max_new, ctx), rng, ctx.mesh, stage.group_size)
+        domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
+        groups = episodes.trajectory_groups(traj, [domain_index[r["domain"]] for r in records], stage.group_size)
+        if self.epoch_filter:
+            self.epoch_filter.update([r["id"] for r in records], groups["rewards"])
+        wall = time.perf_counter() - t
+        stats = {"generate_s": wall - traj.env_s, "score_s": traj.env_s, "score_overlap_s": 0.0}
+        return groups, stats | {f"verifier_{k}": 0 for k in OUTCOMES} | episodes.episode_metrics(traj)
+
     def _score(self, records, samples, score: bool):
         """(rewards [P, G], domain indices [P], verifier counts) of host `samples` for `records`."""
         ctx, G, P = self.ctx, self.stage.group_size, len(records)
@@ -119,6 +137,15 @@ class RolloutSource:
                 rewards = np.asarray(scores, np.float32).reshape(P, G)
         domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
         return rewards, [domain_index[r["domain"]] for r in records], verifier
+
+
+def episode_settings(stage, max_new: int, ctx, greedy: bool = False) -> episodes.Settings:
+    """A multi-turn stage's budgets (stage keys max_turns, max_total_tokens, max_obs_tokens, env_workers)."""
+    return episodes.Settings(
+        max_turns=stage.max_turns, max_new_tokens=max_new, max_total_tokens=stage.max_total_tokens or (
+            stage.max_turns * max_new), max_obs_tokens=stage.max_obs_tokens,
+        max_prompt_len=stage.max_prompt_len or ctx.cfg.eval.max_prompt_len, temperature=stage.temperature,
+        top_p=stage.top_p, top_k=stage.top_k, greedy=greedy, thinking=ctx.cfg.thinking, workers=stage.env_workers)
 
 
 def chunk_count(P: int, most: int) -> int:

@@ -26,7 +26,7 @@ import jax
 import ml_collections
 import numpy as np
 
-from nemocascade import checkpoint, losses, objectives, optim
+from nemocascade import checkpoint, envs, losses, objectives, optim
 from nemocascade.models import pretrained
 from nemocascade.rewards import judge as judge_lib
 from nemocascade.rewards import rm_scorer as rm_rewards
@@ -67,6 +67,12 @@ DEFAULTS = dict(
     # above); "reference": Pr(the response gives the record's answer), C2's long-context judge
     judge="", judge_mode="logprob", judge_max_len=384, judge_max_new_tokens=64, judge_batch_size=64,
     judge_temperature=0.0,
+    # multi-turn rollouts (rl/episodes.py, nemocascade/envs.py): > 1 turns, each domain's environment answers every
+    # turn (its tests' output, a tool's result) and rewards the episode; the verifiers above are not used
+    max_turns=1, envs={},  # domain -> environment name (default: envs.DEFAULT_ENV)
+    max_total_tokens=0,  # per episode after the prompt, the model's and the observations' tokens (0: max_turns x
+    # max_new_tokens, max_new_tokens being each turn's limit)
+    max_obs_tokens=128, env_workers=0,  # environment steps run in threads (0: 2 x CPU count)
 )
 REWARD_MODES = ("scalar", "pairwise", "reference")
 JUDGE_SOURCES = ("stage:", "best:", "gguf", "hf:")
@@ -105,7 +111,26 @@ def check(stage, earlier: dict) -> list[str]:
     src = stage.reward_model
     bad += [f"reward_model={src!r}: must name an earlier stage of kind 'rm' (earlier: {list(earlier)})"] if (
         src and (src not in earlier or earlier[src].kind != "rm")) else []
-    return bad + judge_problems(stage, earlier)
+    return bad + judge_problems(stage, earlier) + episode_problems(stage)
+
+
+def episode_problems(stage) -> list[str]:
+    if stage.max_turns < 1:
+        return [f"max_turns={stage.max_turns} must be >= 1"]
+    if stage.max_turns == 1:
+        return [f"envs={dict(stage.envs)}: environments act between turns; set max_turns > 1"] if stage.envs else []
+    bad = [f"max_turns={stage.max_turns}: domain {d!r} has no environment; set envs.{d} to one of {sorted(envs.ENVS)}"
+           for d in stage.domains if envs.env_name(d, stage.envs) is None]
+    bad += [f"envs.{d}={e!r}: no such environment; registered: {sorted(envs.ENVS)}" for d, e in stage.envs.items()
+            if e not in envs.ENVS]
+    bad += [f"envs names domain {d!r}, not one of the stage's domains {list(stage.domains)}" for d in stage.envs
+            if d not in stage.domains]
+    bad += [f"max_turns={stage.max_turns}: the environment rewards episodes; {k}={stage[k]!r} cannot" for k in (
+        "judge", "reward_model") if stage[k]]
+    bad += [f"max_total_tokens={stage.max_total_tokens} must be 0 or >= max_new_tokens={stage.max_new_tokens}"] if (
+        0 < stage.max_total_tokens < stage.max_new_tokens) else []
+    bad += [f"max_obs_tokens={stage.max_obs_tokens} must be >= 16"] if stage.max_obs_tokens < 16 else []
+    return bad
 
 
 def judge_problems(stage, earlier: dict) -> list[str]:
@@ -210,8 +235,9 @@ def sample_groups(rollouts, params, stage, max_new: int, rng, score: bool):
     while not buf.ready():
         groups, t = rollouts.sample(params, rollouts.prompts(B), max_new, jax.random.fold_in(rng, rounds), score=score)
         rounds += 1
-        for k, v in t.items():
-            timing[k] += v
+        for k, v in t.items():  # seconds and verifier counts add up over rounds; the agent's means: first round's
+            if k.endswith("_s") or k.startswith("verifier_") or not rounds - 1:
+                timing[k] += v
         first = first or groups
         keep = np.ones(B, bool)
         if stage.dynamic_filter:

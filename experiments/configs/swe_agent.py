@@ -1,0 +1,62 @@
+"""Multi-turn agentic SWE repair (issue 20): does an agent that reads its test output beat a one-shot repair at the
+same token budget, after RL?
+
+    sft        on "swe", wide (~4,700 distinct problems, ~590 held out for test at test_every=8); the teacher
+               mis-repairs 30% of its bound / compare bugs (a patch close to the fix that fails a hidden test)
+    rl_single  [side branch from sft] GRPO, one turn of up to BUDGET tokens, rewarded by executing every test (the
+               swe_repair environment with max_turns=1 = C1/C2's execution reward swe_exec)
+    rl_multi   [side branch from sft] GRPO, up to 3 turns in the swe_repair environment (each turn <= 112 tokens;
+               between turns the environment runs the shown test and answers "Fix the bug. <your code> Failing:
+               <test>, got <value>"), BUDGET tokens per episode in all, the observations counted
+
+After every stage both ways are scored on the same held-out problems (greedy, n = eval.n distinct):
+"swe@single" (one turn of BUDGET tokens) and "swe@multi" (the multi-turn budgets), with the turn distribution;
+"swe" itself is C1's agentless similarity (single turn). Both arms start from the same SFT checkpoint.
+
+    python experiments/run.py --config=swe_agent
+    python experiments/run.py --config=swe_agent:tiny     # seconds per stage, for CI
+"""
+import ml_collections
+
+from _common import grpo_stage, multi_base, variants
+from nemocascade.stages import common, sft
+
+BUDGET = 448  # tokens after the prompt: a repair turn is ~85 tokens, the environment's answer ~120
+TURN = 112
+DOMAINS = {"swe": dict(teacher_error_rate=0.3, wide=True, test_every=8)}
+
+
+def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
+    tags = variants("swe_agent", arg, ("tiny",))
+    c = multi_base("swe_agent", DOMAINS)
+    c.variant = arg
+    c.tokenizer.update(vocab_size=768, corpus_size=2000)
+    c.data.domains.swe.num_test = 4000  # ~590 distinct test problems exist; 4000 records reach 500 of them
+    c.eval.update(max_prompt_len=160, max_new_tokens=TURN)
+    c.eval.agents = {"single": dict(max_turns=1, max_new_tokens=BUDGET),
+                     "multi": dict(max_turns=3, max_new_tokens=TURN, max_total_tokens=BUDGET, max_obs_tokens=160)}
+    c.reward.timeout_s = 8.0  # above the sandbox's wall limit (tests run for up to 5 s)
+    c.stages.sft = common.stage_config(
+        "sft", sft.DEFAULTS, domains=["swe"], steps=500, batch_size=16, seq_len=256, pack=True,
+        checkpoint_every=100, eval_every=0,
+        optim=dict(lr=3e-3, schedule="cosine", warmup_steps=50, weight_decay=0.01, min_lr_frac=0.05))
+    agent = dict(prompts_per_step=8, group_size=8, eval_every=0, init_from="stage:sft", side_branch=True,
+                 max_prompt_len=160, overlong="none")
+    c.stages.rl_single = grpo_stage(["swe"], 30, rewards={"swe": "swe_exec"}, length_curriculum=((0, BUDGET),),
+                                    **agent)
+    c.stages.rl_multi = grpo_stage(["swe"], 30, max_turns=3, max_total_tokens=BUDGET, envs={"swe": "swe_repair"},
+                                   max_obs_tokens=160, length_curriculum=((0, TURN),), **agent)
+    c.stage_order = ("sft", "rl_single", "rl_multi")
+    if "tiny" in tags:
+        c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=192)
+        c.tokenizer.update(vocab_size=512, corpus_size=400)
+        c.data.domains.swe.update(num_train=400, num_test=16)
+        c.eval.update(n=4, val_n=4, batch_size=4)
+        c.stages.sft.update(steps=10, checkpoint_every=10)
+        for s in ("rl_single", "rl_multi"):
+            c.stages[s].update(steps=2, prompts_per_step=2, group_size=2, checkpoint_every=2)
+        c.stages.rl_multi.update(length_curriculum=((0, 24),), max_total_tokens=256)  # room for 3 turns of 24
+        c.stages.rl_single.length_curriculum = ((0, 256),)
+        c.eval.agents.single.max_new_tokens = 256
+        c.eval.agents.multi.update(max_new_tokens=24, max_total_tokens=256)
+    return c
