@@ -14,7 +14,7 @@ from nemocascade.models import transformer as tf
 from nemocascade.rl import episodes, update
 
 CFG = tf.ModelConfig(vocab_size=23, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=48)
-STOP = 4
+STOPS = (4, 9)  # <|im_end|> and a second stop piece (a tool-call close)
 
 
 def _params():
@@ -37,7 +37,7 @@ def _three_turns(params, prompts, obs_by_turn, G=2, max_new=6, budget=40):
     talking = np.ones(len(prompts) * G, bool)
     for turn, obs in enumerate(obs_by_turn + [None]):
         ep = sampling.decode_turn(params, CFG, ep, jnp.asarray(talking), jax.random.key(turn), max_new_tokens=max_new,
-                                  budget=budget, stop_ids=np.asarray([STOP], np.int32), greedy=True)
+                                  budget=budget, stop_ids=np.asarray(STOPS, np.int32), greedy=True)
         if obs is None:
             break
         width = max(len(o) for o in obs) + 3  # right padding inside the chunk too
@@ -80,8 +80,17 @@ def test_kv_cache_across_turns_equals_reencoding_the_whole_trajectory():
         # the observations sit where they were appended, in order
         obs_seen = [x for x, k in zip(seq, kinds) if k == sampling.OBSERVATION]
         assert obs_seen == obs1[b] + (obs2[b] if obs1[b] else [])
+        turns, cur = [], []  # each turn ends at a stop id or at its 6-token limit
+        for x, k in zip(seq, kinds):
+            if k == sampling.MODEL:
+                cur.append(x)
+            elif cur:
+                turns, cur = turns + [cur], []
+        for turn in turns + ([cur] if cur else []):
+            assert turn[-1] in STOPS or len(turn) == 6, turn
+            assert not set(turn[:-1]) & set(STOPS)
     assert checked_model > 20 and checked_obs == sum(map(len, obs1 + obs2))
-    # a row that stopped on STOP talked again after its observation; the row without one never did
+    # a row that stopped on a stop id talked again after its observation; the row without one never did
     kinds3 = np.asarray(ep.kind[3])
     assert (kinds3 == sampling.OBSERVATION).sum() == 0 and (kinds3 == sampling.MODEL).sum() <= 6
 
@@ -265,6 +274,8 @@ def test_swe_agent_tiny_trains_multi_turn_and_evaluates_both_ways(tmp_path, run_
         assert r["obs_tokens"] > 0 if r["turns"] > 1 else True
     assert max(r["turns"] for r in multi) > 1  # a tiny model writes no code block: asked again, up to the budget
     assert not any("turns" in r for r in rows if r["stage"] == "rl_single")
+    pre = json.load(open(tmp_path / "wd" / "prefilter" / "rl_multi.json"))  # the tiny arm runs C2's filter
+    assert pre["examined"] == 4 and sum(pre["solved_counts"].values()) == 4 and len(pre["kept_ids"]) == pre["kept"]
     summary = json.load(open(tmp_path / "wd" / "summary.json"))
     for stage in summary["stages"]:
         for split in ("eval", "val"):
@@ -272,3 +283,14 @@ def test_swe_agent_tiny_trains_multi_turn_and_evaluates_both_ways(tmp_path, run_
             assert set(ev) == {"swe", "swe@single", "swe@multi"}
             assert ev["swe@single"]["n"] == ev["swe@multi"]["n"] == ev["swe"]["n"]
             assert sum(ev["swe@multi"]["turns_frac"].values()) == pytest.approx(1.0) and "ci95" in ev["swe@multi"]
+
+
+def test_c2_prefilter_drops_always_solved_and_most_never_solved():
+    from nemocascade.stages import onpolicy
+
+    solved = np.asarray([8, 0, 3, 0, 0, 8, 1, 7])
+    assert onpolicy.prefilter_keep(solved, 8, 1.0, 0).tolist() == [0, 0, 1, 0, 0, 0, 1, 1]
+    assert onpolicy.prefilter_keep(solved, 8, 0.0, 0).tolist() == [0, 1, 1, 1, 1, 0, 1, 1]
+    many = np.zeros(20_000, int)
+    assert abs(onpolicy.prefilter_keep(many, 16, 0.9, 3).mean() - 0.1) < 0.01  # 90% of the 0/16 dropped
+    assert (onpolicy.prefilter_keep(many, 16, 0.9, 3) == onpolicy.prefilter_keep(many, 16, 0.9, 3)).all()

@@ -32,7 +32,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.variant = arg
     c.tokenizer.update(vocab_size=768, corpus_size=2000)
     c.data.domains.swe.num_test = 4000  # ~590 distinct test problems exist; 4000 records reach 500 of them
-    c.eval.update(max_prompt_len=160, max_new_tokens=TURN)
+    c.eval.update(max_prompt_len=160, max_new_tokens=TURN, avg_k=0)  # greedy scores only
     c.eval.agents = {"single": dict(max_turns=1, max_new_tokens=BUDGET),
                      "multi": dict(max_turns=3, max_new_tokens=TURN, max_total_tokens=BUDGET, max_obs_tokens=160)}
     c.reward.timeout_s = 8.0  # above the sandbox's wall limit (tests run for up to 5 s)
@@ -55,7 +55,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.stages.sft.update(steps=10, checkpoint_every=10)
         for s in ("rl_single", "rl_multi"):
             c.stages[s].update(steps=2, prompts_per_step=2, group_size=2, checkpoint_every=2)
-        c.stages.rl_multi.update(length_curriculum=((0, 24),), max_total_tokens=256)  # room for 3 turns of 24
+        c.stages.rl_multi.update(length_curriculum=((0, 24),), max_total_tokens=256,  # room for 3 turns of 24
+                                 prefilter_prompts=4, prefilter_samples=2, prefilter_drop_unsolved=0.5)
         c.stages.rl_single.length_curriculum = ((0, 256),)
         c.eval.agents.single.max_new_tokens = 256
         c.eval.agents.multi.update(max_new_tokens=24, max_total_tokens=256)

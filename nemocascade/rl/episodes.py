@@ -43,6 +43,7 @@ class Settings:
     top_k: int = 0
     greedy: bool = False
     thinking: bool = True
+    stop_tokens: tuple = ()  # vocabulary pieces that also end a turn (e.g. "</tool_call>" where it is one token)
     workers: int = 0  # environment steps in parallel (0: 2 x CPU count; they wait on sandbox subprocesses)
 
     @property
@@ -103,20 +104,22 @@ def run_episodes(params, model_cfg, tokenizer, records: list[dict], env_names: l
     done = np.zeros(B, bool)
     texts: list[list[str]] = [[] for _ in range(B)]
     env_s = 0.0
+    stop_ids = np.asarray([tokenizer.eos_id] + [tokenizer.token_id(p) for p in s.stop_tokens], np.int32)
     workers = s.workers or 2 * (os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=min(workers, B)) as pool:
         for turn in range(s.max_turns):
             t0 = int(to_host(ep.t))
             ep = sampling.decode_turn(params, model_cfg, ep, dev(alive), jax.random.fold_in(rng, turn),
                                       max_new_tokens=s.max_new_tokens, budget=s.max_total_tokens,
-                                      stop_ids=np.asarray([tokenizer.eos_id], np.int32), pad_id=tokenizer.pad_id,
+                                      stop_ids=stop_ids, pad_id=tokenizer.pad_id,
                                       temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, greedy=s.greedy)
-            t1, tokens, kind, cut, used = to_host((ep.t, ep.tokens, ep.kind, ep.talking, ep.used))
+            t1, tokens, kind, used = to_host((ep.t, ep.tokens, ep.kind, ep.used))
             span = slice(t0 - P, int(t1) - P)
             acting = np.flatnonzero(alive)
             turn_texts = {}
             for b in acting:
                 ids = tokens[b, span][kind[b, span] == sampling.MODEL]
+                closed[b] = ids.size > 0 and ids[-1] == tokenizer.eos_id  # else the observation closes the turn
                 prefix = chat.THINK_OPEN + "\n" if s.thinking else ""
                 turn_texts[b] = prefix + tokenizer.decode(ids.tolist())
                 texts[b].append(turn_texts[b])
@@ -127,7 +130,6 @@ def run_episodes(params, model_cfg, tokenizer, records: list[dict], env_names: l
             for b, st in steps.items():
                 rewards[b], errors[b] = st.reward, errors[b] + st.tool_error
                 done[b] = st.done
-                closed[b] = not cut[b]
                 alive[b] = not st.done and turn + 1 < s.max_turns
             obs = {b: observation_ids(tokenizer, steps[b].observation, s.thinking, closed[b], s.max_obs_tokens)
                    for b in np.flatnonzero(alive)}

@@ -140,12 +140,14 @@ class RolloutSource:
 
 
 def episode_settings(stage, max_new: int, ctx, greedy: bool = False) -> episodes.Settings:
-    """A multi-turn stage's budgets (stage keys max_turns, max_total_tokens, max_obs_tokens, env_workers)."""
+    """A multi-turn stage's budgets (stage keys max_turns, max_total_tokens, max_obs_tokens, env_workers,
+    stop_tokens)."""
     return episodes.Settings(
         max_turns=stage.max_turns, max_new_tokens=max_new, max_total_tokens=stage.max_total_tokens or (
             stage.max_turns * max_new), max_obs_tokens=stage.max_obs_tokens,
         max_prompt_len=stage.max_prompt_len or ctx.cfg.eval.max_prompt_len, temperature=stage.temperature,
-        top_p=stage.top_p, top_k=stage.top_k, greedy=greedy, thinking=ctx.cfg.thinking, workers=stage.env_workers)
+        top_p=stage.top_p, top_k=stage.top_k, greedy=greedy, thinking=ctx.cfg.thinking, workers=stage.env_workers,
+        stop_tokens=tuple(stage.stop_tokens))
 
 
 def chunk_count(P: int, most: int) -> int:

@@ -130,10 +130,11 @@ def stage_rewards(stage) -> dict:
     return {d: get_reward(stage.rewards.get(d, d)) for d in stage.domains}
 
 
-def prompt_stream(ctx: RunContext, name: str, stage):
+def prompt_stream(ctx: RunContext, name: str, stage, records: list[dict] | None = None):
     """(iterator of `stage.prompts_per_step` train records of the stage's domains, records per epoch) for an
-    RL stage; seeded by the stage's index so each stage of a run sees its own order."""
-    source = mixture_source(ctx, stage.domains, "train", stage.get("mix"))
+    RL stage; seeded by the stage's index so each stage of a run sees its own order. `records`: draw from these
+    instead (a prefiltered set)."""
+    source = records if records is not None else mixture_source(ctx, stage.domains, "train", stage.get("mix"))
     batches = pipeline.prompt_dataset(source, stage.prompts_per_step, seed=ctx.cfg.seed + stage_index(ctx, name))
     return iter(batches), len(source)
 

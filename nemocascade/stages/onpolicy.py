@@ -19,6 +19,8 @@ asynchronous rollouts.
 from __future__ import annotations
 
 import functools
+import json
+import os
 import time
 from collections import defaultdict
 
@@ -26,13 +28,14 @@ import jax
 import ml_collections
 import numpy as np
 
-from nemocascade import checkpoint, envs, losses, objectives, optim
+from nemocascade import checkpoint, envs, files, losses, objectives, optim
 from nemocascade.models import pretrained
 from nemocascade.rewards import judge as judge_lib
 from nemocascade.rewards import rm_scorer as rm_rewards
 from nemocascade.rl import filters
 from nemocascade.rl import rollouts as rollouts_lib
 from nemocascade.rl import update
+from nemocascade.run_log import progress
 from nemocascade.stages import common
 
 DEFAULTS = dict(
@@ -73,6 +76,11 @@ DEFAULTS = dict(
     max_total_tokens=0,  # per episode after the prompt, the model's and the observations' tokens (0: max_turns x
     # max_new_tokens, max_new_tokens being each turn's limit)
     max_obs_tokens=128, env_workers=0,  # environment steps run in threads (0: 2 x CPU count)
+    stop_tokens=(),  # vocabulary pieces that also end a turn, e.g. ("</tool_call>",) with a Qwen tokenizer
+    # C2's SWE RL data filter, before the stage: the first `prefilter_prompts` distinct train problems, sampled
+    # `prefilter_samples` times each by the starting policy; drop those solved every time and a
+    # `prefilter_drop_unsolved` share of those never solved; the stage draws from the rest (0: off)
+    prefilter_prompts=0, prefilter_samples=16, prefilter_drop_unsolved=0.9,
 )
 REWARD_MODES = ("scalar", "pairwise", "reference")
 JUDGE_SOURCES = ("stage:", "best:", "gguf", "hf:")
@@ -111,7 +119,7 @@ def check(stage, earlier: dict) -> list[str]:
     src = stage.reward_model
     bad += [f"reward_model={src!r}: must name an earlier stage of kind 'rm' (earlier: {list(earlier)})"] if (
         src and (src not in earlier or earlier[src].kind != "rm")) else []
-    return bad + judge_problems(stage, earlier) + episode_problems(stage)
+    return bad + judge_problems(stage, earlier) + episode_problems(stage) + prefilter_problems(stage)
 
 
 def episode_problems(stage) -> list[str]:
@@ -130,6 +138,18 @@ def episode_problems(stage) -> list[str]:
     bad += [f"max_total_tokens={stage.max_total_tokens} must be 0 or >= max_new_tokens={stage.max_new_tokens}"] if (
         0 < stage.max_total_tokens < stage.max_new_tokens) else []
     bad += [f"max_obs_tokens={stage.max_obs_tokens} must be >= 16"] if stage.max_obs_tokens < 16 else []
+    return bad
+
+
+def prefilter_problems(stage) -> list[str]:
+    if not stage.prefilter_prompts:
+        return []
+    bad = [f"prefilter_prompts={stage.prefilter_prompts} must be >= 0"] if stage.prefilter_prompts < 0 else []
+    bad += [f"prefilter_samples={stage.prefilter_samples} must be >= 1"] if stage.prefilter_samples < 1 else []
+    bad += [f"prefilter_drop_unsolved={stage.prefilter_drop_unsolved} must lie in [0, 1]"] if not (
+        0 <= stage.prefilter_drop_unsolved <= 1) else []
+    bad += [f"prefilter_prompts: the filter counts verifier / environment solves; {k}={stage[k]!r} scores instead"
+            for k in ("judge", "reward_model") if stage[k]]
     return bad
 
 
@@ -191,7 +211,8 @@ def run(ctx: common.RunContext, name: str, stage, params):
     roles = update.FrozenRoles(ctx.model_cfg, objective.needs, teachers=teachers,
                                reference=params if "ref_logp" in objective.needs else None,
                                teacher_of_domain=teacher_of_domain, topk=stage.distill_topk)
-    data_iter, epoch_len = common.prompt_stream(ctx, name, stage)
+    kept = solve_rate_prefilter(ctx, name, stage, params) if stage.prefilter_prompts else None
+    data_iter, epoch_len = common.prompt_stream(ctx, name, stage, kept)
     epoch_filter = (filters.EpochFilter(stage.readmit_hard, stage.readmit_easy, ctx.cfg.seed)
                     if stage.epoch_filter else None)
     rollouts = rollouts_lib.RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter, common.stage_rewards(stage),
@@ -223,6 +244,51 @@ def run(ctx: common.RunContext, name: str, stage, params):
                 metrics |= common.quick_eval(ctx, trainer.params, stage)
             trainer.log(step, metrics)
         return trainer.finish()
+
+
+def solve_rate_prefilter(ctx, name: str, stage, params) -> list[dict]:
+    """The train problems the stage keeps after C2's filter (DEFAULTS: prefilter_*), sampled at the stage's own
+    settings (multi-turn too) from `params`. Decided once: the kept ids and the solve counts go to
+    `<workdir>/prefilter/<stage>.json`, which a resumed stage reads instead of sampling again."""
+    from nemocascade.data import domains as domains_lib
+
+    examined = domains_lib.first_distinct(common.mixture_source(ctx, stage.domains, "train"), stage.prefilter_prompts)
+    path = os.path.join(ctx.workdir, "prefilter", f"{name}.json")
+    if files.exists(path):
+        ids = set(json.loads(files.read_text(path))["kept_ids"])
+        return [r for r in examined if r["id"] in ids]
+    K, B = stage.prefilter_samples, stage.prompts_per_step
+    probe = stage.copy_and_resolve_references()
+    with probe.unlocked():
+        probe.group_size, probe.dynamic_filter = K, False
+    source = rollouts_lib.RolloutSource(ctx, probe, iter(()), 1, rewards=common.stage_rewards(stage))
+    solved = []
+    rng = jax.random.key(ctx.cfg.seed + 7919)
+    for start in progress(range(0, len(examined), B), desc=f"[{name}] prefilter x{K}"):
+        part = examined[start:start + B]
+        part += [part[-1]] * (B - len(part))  # one compiled shape
+        groups, _ = source.sample(params, part, max_new_tokens_at(stage, 0), jax.random.fold_in(rng, start))
+        solved += (groups["rewards"] >= 1.0).sum(1)[:len(examined) - start].tolist()
+    solved = np.asarray(solved)
+    kept = [r for r, k in zip(examined, prefilter_keep(solved, K, stage.prefilter_drop_unsolved, ctx.cfg.seed)) if k]
+    if not kept:
+        raise ValueError(f"stage {name!r}: the prefilter kept none of {len(examined)} problems (solved {K}/{K}: "
+                         f"{int((solved == K).sum())}, 0/{K}: {int((solved == 0).sum())}); lower "
+                         "prefilter_drop_unsolved or raise prefilter_prompts")
+    counts = {str(k): int((solved == k).sum()) for k in range(K + 1)}
+    files.atomic_write(path, json.dumps({"examined": len(examined), "samples": K, "solved_counts": counts,
+                                         "kept": len(kept), "kept_ids": [r["id"] for r in kept]}))
+    print(f"[{name}] prefilter: kept {len(kept)} of {len(examined)} (solved {K}/{K}: {counts[str(K)]}, "
+          f"0/{K}: {counts['0']})", flush=True)
+    return kept
+
+
+def prefilter_keep(solved, samples: int, drop_unsolved: float, seed: int) -> np.ndarray:
+    """C2's filter over solve counts (of `samples` tries each): drop every problem solved every time and, by a draw
+    seeded by `seed`, a `drop_unsolved` share of those never solved -> keep mask."""
+    solved = np.asarray(solved)
+    unlucky = np.random.default_rng(seed).random(solved.shape) < drop_unsolved
+    return ~((solved == samples) | ((solved == 0) & unlucky))
 
 
 def sample_groups(rollouts, params, stage, max_new: int, rng, score: bool):
