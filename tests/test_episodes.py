@@ -283,6 +283,21 @@ def test_swe_agent_tiny_trains_multi_turn_and_evaluates_both_ways(tmp_path, run_
             assert set(ev) == {"swe", "swe@single", "swe@multi"}
             assert ev["swe@single"]["n"] == ev["swe@multi"]["n"] == ev["swe"]["n"]
             assert sum(ev["swe@multi"]["turns_frac"].values()) == pytest.approx(1.0) and "ci95" in ev["swe@multi"]
+    # the report's comparison is the paired difference of the saved per-item scores
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, "experiments/agent_report.py", str(tmp_path / "wd"),
+                           f"--out={tmp_path / 'rep'}"], cwd=root, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rep = json.load(open(tmp_path / "rep.json"))["runs"][0]["comparison"]
+    single = json.load(open(tmp_path / "wd" / "eval_scores" / "rl_single.json"))["swe@single"]
+    multi = json.load(open(tmp_path / "wd" / "eval_scores" / "rl_multi.json"))["swe@multi"]
+    assert rep["n"] == len(single) == len(multi) and rep["diff"] == pytest.approx(np.mean(multi) - np.mean(single))
+    assert (tmp_path / "rep.png").exists()
+    bad = subprocess.run([sys.executable, "experiments/agent_report.py", str(tmp_path / "wd"), "--multi=nope@multi"],
+                         cwd=root, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "nope" in bad.stderr
 
 
 def test_c2_prefilter_drops_always_solved_and_most_never_solved():

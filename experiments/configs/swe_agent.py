@@ -1,7 +1,7 @@
 """Multi-turn agentic SWE repair (issue 20): does an agent that reads its test output beat a one-shot repair at the
 same token budget, after RL?
 
-    sft        on "swe", wide (~4,700 distinct problems, ~590 held out for test at test_every=8); the teacher
+    sft        on "swe", wide (~2,370 distinct problems, ~590 held out for test at test_every=4); the teacher
                mis-repairs 30% of its bound / compare bugs (a patch close to the fix that fails a hidden test)
     rl_single  [side branch from sft] GRPO, one turn of up to BUDGET tokens, rewarded by executing every test (the
                swe_repair environment with max_turns=1 = C1/C2's execution reward swe_exec)
@@ -23,7 +23,7 @@ from nemocascade.stages import common, sft
 
 BUDGET = 448  # tokens after the prompt: a repair turn is ~85 tokens, the environment's answer ~120
 TURN = 112
-DOMAINS = {"swe": dict(teacher_error_rate=0.3, wide=True, test_every=8)}
+DOMAINS = {"swe": dict(teacher_error_rate=0.3, wide=True, test_every=4)}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -37,9 +37,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                      "multi": dict(max_turns=3, max_new_tokens=TURN, max_total_tokens=BUDGET, max_obs_tokens=160)}
     c.reward.timeout_s = 8.0  # above the sandbox's wall limit (tests run for up to 5 s)
     c.stages.sft = common.stage_config(
-        "sft", sft.DEFAULTS, domains=["swe"], steps=500, batch_size=16, seq_len=256, pack=True,
-        checkpoint_every=100, eval_every=0,
-        optim=dict(lr=3e-3, schedule="cosine", warmup_steps=50, weight_decay=0.01, min_lr_frac=0.05))
+        "sft", sft.DEFAULTS, domains=["swe"], steps=1500, batch_size=16, seq_len=256, pack=True,
+        checkpoint_every=250, eval_every=0,
+        optim=dict(lr=3e-3, schedule="cosine", warmup_steps=100, weight_decay=0.01, min_lr_frac=0.05))
     agent = dict(prompts_per_step=8, group_size=8, eval_every=0, init_from="stage:sft", side_branch=True,
                  max_prompt_len=160, overlong="none")
     c.stages.rl_single = grpo_stage(["swe"], 30, rewards={"swe": "swe_exec"}, length_curriculum=((0, BUDGET),),

@@ -40,7 +40,6 @@ from nemocascade.data.domains import DomainSpec, check_args, register_domain, sp
 
 DOMAIN = "swe"
 LIST_NAMES = ("xs", "nums", "vals", "data")
-WIDE_NAMES = LIST_NAMES + ("items", "arr", "seq", "lst")  # `wide`: more problems (issue 20 needs >= 500 held out)
 BUGS = ("bound", "compare", "arith", "return")
 MIRROR = {">": "<", "<": ">"}
 
@@ -142,8 +141,8 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         split: keep only problems with ``split_of(buggy_code, test_every) == split`` (``None``: all).
         teacher_error_rate: probability of the teacher's wrong repair on ``bound``/``compare`` bugs.
         bugs: bug families to draw from, uniformly (default all four).
-        wide: 8 list names (not 4), thresholds 1-29 (not 1-8) and list values 0-39 (not 0-9): ~7,400 distinct
-            problems instead of ~1,000, so a split of 1/10 holds over 500.
+        wide: thresholds 1-29 (not 1-8) and list values 0-39 (not 0-9): ~2,370 distinct problems instead of
+            ~690, so a split of 1/4 holds over 500.
     """
     check_args(split, teacher_error_rate)
     unknown = sorted(set(bugs) - set(BUGS))
@@ -158,8 +157,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         bug = bugs[int(rng.integers(len(bugs)))]
         names = sorted(f for f, (t, _) in FUNCTIONS.items() if bug != "arith" or t is ACCUMULATE)
         name = names[int(rng.integers(len(names)))]
-        names_ = WIDE_NAMES if wide else LIST_NAMES
-        xs = names_[int(rng.integers(len(names_)))]
+        xs = LIST_NAMES[int(rng.integers(len(LIST_NAMES)))]
         template = FUNCTIONS[name][0]
         k = int(rng.integers(1, 30 if wide else 9))
         top = 40 if wide else 10

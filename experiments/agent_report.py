@@ -1,0 +1,130 @@
+"""Multi-turn against single-turn agents of finished runs (issue 20's question), from what the runs saved: each
+stage's held-out scores of "<domain>@<agent>" (config.eval.agents) in summary.json and eval_scores/.
+
+    python experiments/agent_report.py runs/swe_agent_s0 [runs/swe_agent_s1 ...] --out=docs/swe_agent
+
+Prints, per run, every stage scored by every agent (pass@1 with its 95% interval, n, mean turns, tool errors per
+episode, the model's tokens) and the comparison the config is built for: `--multi` stage as the multi-turn agent
+against `--single` stage as the single-turn agent, on the same items (paired bootstrap interval of the
+difference), and over runs (Student t over seeds, with two or more). Writes OUT.md, OUT.json and OUT.png (the turn
+distribution of each stage's multi-turn agent, and the comparison per seed).
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from matplotlib.figure import Figure  # noqa: E402
+
+from nemocascade import files, stats  # noqa: E402
+from nemocascade.errors import BadInput  # noqa: E402
+
+
+def _load(workdir: str):
+    path = os.path.join(workdir, "summary.json")
+    if not files.exists(path):
+        raise BadInput(f"{path}: no summary (is the run finished?)")
+    summary = files.read_json(path)
+    scores = {}
+    for st in summary["stages"]:
+        p = os.path.join(workdir, "eval_scores", f"{st['name']}.json")
+        scores[st["name"]] = files.read_json(p) if files.exists(p) else {}
+    return summary, scores
+
+
+def run_report(workdir: str, domain: str, single: tuple[str, str], multi: tuple[str, str]) -> dict:
+    """One run: every stage x agent score, and multi's stage/agent against single's on the same test items."""
+    summary, scores = _load(workdir)
+    rows = []
+    for st in summary["stages"]:
+        for key, ev in st["eval"].items():
+            if key.startswith(f"{domain}@"):
+                rows.append({"stage": st["name"], "agent": key.split("@", 1)[1], "pass@1": ev["pass@1"],
+                             "ci95": ev["ci95"], "n": ev["n"], "turns": ev["turns"], "turns_frac": ev["turns_frac"],
+                             "tool_errors": ev["tool_errors"], "mean_len": ev["mean_len"],
+                             "val": st.get("val", {}).get(key, {}).get("pass@1")})
+    stages = {st["name"] for st in summary["stages"]}
+    for stage, agent in (single, multi):
+        if stage not in stages or f"{domain}@{agent}" not in scores.get(stage, {}):
+            raise BadInput(f"{workdir}: no per-item scores of {domain}@{agent} after stage {stage!r} "
+                           f"(stages: {sorted(stages)})")
+    a = scores[single[0]][f"{domain}@{single[1]}"]
+    b = scores[multi[0]][f"{domain}@{multi[1]}"]
+    diff, ci = stats.paired_diff_ci95(a, b)
+    return {"workdir": workdir, "seed": summary.get("seed"), "rows": rows,
+            "comparison": {"single": list(single), "multi": list(multi), "n": len(a),
+                           "single_pass@1": sum(a) / len(a), "multi_pass@1": sum(b) / len(b),
+                           "diff": diff, "diff_ci95": ci}}
+
+
+def table(rep: dict) -> str:
+    lines = [f"### {rep['workdir']} (seed {rep['seed']})", "",
+             "| stage | agent | pass@1 (test) | n | val | turns | turn shares 1/2/3 | tool errors | model tokens |",
+             "|:--|:--|:--|--:|--:|--:|:--|--:|--:|"]
+    for r in rep["rows"]:
+        shares = " / ".join(f"{100 * v:.0f}" for v in r["turns_frac"].values())
+        val = f"{100 * r['val']:.1f}" if r["val"] is not None else "-"
+        lines.append(f"| {r['stage']} | {r['agent']} | {stats.percent(r['pass@1'], r['ci95'])} | {r['n']} | {val} | "
+                     f"{r['turns']:.2f} | {shares} | {r['tool_errors']:.2f} | {r['mean_len']:.0f} |")
+    c = rep["comparison"]
+    lines += ["", f"{c['multi'][0]}@{c['multi'][1]} minus {c['single'][0]}@{c['single'][1]} on the same {c['n']} test "
+              f"items: {stats.percent(c['diff'], c['diff_ci95'], signed=True)} (paired bootstrap)"]
+    return "\n".join(lines)
+
+
+def plot(reports: list[dict], out_png: str) -> None:
+    fig = Figure(figsize=(11, 4))
+    ax1, ax2 = fig.subplots(1, 2)
+    multi = [r for r in reports[0]["rows"] if r["agent"] == reports[0]["comparison"]["multi"][1]]
+    width = 0.8 / max(len(multi), 1)
+    for i, r in enumerate(multi):
+        ks = list(r["turns_frac"])
+        ax1.bar([int(k) + (i - len(multi) / 2) * width for k in ks], [100 * v for v in r["turns_frac"].values()],
+                width=width, label=f"after {r['stage']}")
+    ax1.set_xlabel("turns per episode (multi-turn agent, held-out test)")
+    ax1.set_ylabel("% of episodes")
+    ax1.set_title(f"seed {reports[0]['seed']}")
+    ax1.legend()
+    for j, rep in enumerate(reports):
+        c = rep["comparison"]
+        for k, (name, value) in enumerate((("single", c["single_pass@1"]), ("multi", c["multi_pass@1"]))):
+            ax2.bar(j + (k - 0.5) * 0.4, 100 * value, width=0.4, color=("tab:gray", "tab:blue")[k],
+                    label=f"{c[name][0]} as {c[name][1]}-turn agent" if j == 0 else None)
+    ax2.set_xticks(range(len(reports)), [f"seed {r['seed']}" for r in reports])
+    ax2.set_ylabel("held-out pass@1 (%)")
+    ax2.set_title("same token budget")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("workdirs", nargs="+")
+    ap.add_argument("--domain", default="swe")
+    ap.add_argument("--single", default="rl_single@single", help="STAGE@AGENT of the single-turn side")
+    ap.add_argument("--multi", default="rl_multi@multi", help="STAGE@AGENT of the multi-turn side")
+    ap.add_argument("--out", default=None, help="prefix for OUT.md, OUT.json and OUT.png")
+    a = ap.parse_args()
+    try:
+        single, multi = (tuple(x.split("@", 1)) for x in (a.single, a.multi))
+        reports = [run_report(w, a.domain, single, multi) for w in a.workdirs]
+    except (BadInput, ValueError) as e:
+        sys.exit(f"agent_report: {e}")
+    text = "\n\n".join(table(r) for r in reports)
+    diffs = [r["comparison"]["diff"] for r in reports]
+    over = stats.seeds_ci95(diffs)
+    text += (f"\n\nover {len(diffs)} seeds: mean difference {100 * sum(diffs) / len(diffs):+.1f} points"
+             + (f", Student t {stats.percent_interval(over, signed=True)}" if over else " (one seed: no interval)"))
+    print(text)
+    if a.out:
+        files.atomic_write(a.out + ".md", text + "\n")
+        files.atomic_write(a.out + ".json", json.dumps({"runs": reports, "seeds_mean_diff": sum(diffs) / len(diffs),
+                                                        "seeds_ci95": over}, indent=1))
+        plot(reports, a.out + ".png")
+
+
+if __name__ == "__main__":
+    main()
