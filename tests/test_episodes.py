@@ -130,6 +130,12 @@ def test_loss_mask_covers_the_model_tokens_only():
     assert sampler_logp.tolist() == [[0, 0, -1, -2, 0, 0, -3]]
     groups = episodes.trajectory_groups(traj, [0], 1)
     assert groups["lengths"].tolist() == [[3]] and groups["truncated"].tolist() == [[False]]
+    # at the stage's fixed widths (refill rounds concatenate): the same row, padded left and right
+    wide = episodes.trajectory_groups(traj, [0], 1, prompt_width=5, width=10)
+    assert wide["tokens"].shape == (1, 1, 15) and wide["mask"].shape == (1, 1, 14)
+    assert wide["tokens"][0, 0][wide["valid"][0, 0]].tolist() == [1, 2, 5, 6, 8, 9, 7]
+    assert wide["positions"][0, 0][wide["valid"][0, 0]].tolist() == list(range(7))
+    assert wide["mask"][0, 0].tolist() == [0] * 4 + [1, 1, 0, 0, 1] + [0] * 5
     params = _params()
     batch = {k: jnp.asarray(v) for k, v in dict(tokens=tokens, valid=valid, positions=positions).items()}
     logp = update.token_outputs(params, CFG, batch)["logp"]

@@ -160,13 +160,18 @@ def _safe_step(env, text: str) -> envs.Step:
         return envs.Step(f"environment error: {type(e).__name__}", 0.0, True, tool_error=True)
 
 
-def compact(traj: Trajectories):
+def compact(traj: Trajectories, prompt_width: int = 0, width: int = 0):
     """Each row's trajectory without empty slots: (tokens, valid, positions [B, P + L], loss mask and sampler
-    log-probs [B, P + L - 1] aligned with next-token targets: 1 / log pi only on the model's tokens)."""
+    log-probs [B, P + L - 1] aligned with next-token targets: 1 / log pi only on the model's tokens). P: the
+    prompts' width, left-padded to `prompt_width` if wider; L: the longest trajectory, or `width` (>= it) so that
+    batches of several rounds concatenate."""
+    prompts, prompt_lens = traj.prompts, traj.prompt_lens
+    if prompt_width > prompts.shape[1]:
+        prompts = np.pad(prompts, ((0, 0), (prompt_width - prompts.shape[1], 0)))
     B, R = traj.tokens.shape
-    P = traj.prompts.shape[1]
+    P = prompts.shape[1]
     real = traj.kind != sampling.EMPTY
-    L = max(int(real.sum(1).max(initial=0)), 1)
+    L = max(int(real.sum(1).max(initial=0)), 1, width)
     resp = np.zeros((B, L), np.int32)
     kind = np.zeros((B, L), np.int8)
     logp = np.zeros((B, L), np.float32)
@@ -174,8 +179,8 @@ def compact(traj: Trajectories):
         keep = np.flatnonzero(real[b])
         resp[b, :keep.size], kind[b, :keep.size], logp[b, :keep.size] = (traj.tokens[b, keep], traj.kind[b, keep],
                                                                          traj.logprobs[b, keep])
-    tokens = np.concatenate([traj.prompts, resp], 1)
-    prompt_valid = np.arange(P)[None, :] >= (P - traj.prompt_lens)[:, None]
+    tokens = np.concatenate([prompts, resp], 1)
+    prompt_valid = np.arange(P)[None, :] >= (P - prompt_lens)[:, None]
     valid = np.concatenate([prompt_valid, kind != sampling.EMPTY], 1)
     positions = np.maximum(np.cumsum(valid, 1) - 1, 0).astype(np.int32)
     zeros = np.zeros((B, P - 1), np.float32)
@@ -184,9 +189,11 @@ def compact(traj: Trajectories):
     return tokens, valid, positions, mask, sampler_logp
 
 
-def trajectory_groups(traj: Trajectories, domain_idx, num_samples: int) -> dict:
-    """The groups dict of rl/rollouts.py (leading dims [P, G]) for trajectories of P records x G episodes."""
-    tokens, valid, positions, mask, sampler_logp = compact(traj)
+def trajectory_groups(traj: Trajectories, domain_idx, num_samples: int, prompt_width: int = 0,
+                      width: int = 0) -> dict:
+    """The groups dict of rl/rollouts.py (leading dims [P, G]) for trajectories of P records x G episodes, at a
+    fixed `prompt_width` + `width` (the stage's prompt and episode budgets: refill rounds concatenate)."""
+    tokens, valid, positions, mask, sampler_logp = compact(traj, prompt_width, width)
     G = num_samples
     P = tokens.shape[0] // G
     shape = lambda x: np.asarray(x).reshape(P, G, *np.shape(x)[1:])  # noqa: E731

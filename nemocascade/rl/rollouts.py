@@ -110,11 +110,13 @@ class RolloutSource:
         the environment -> (groups, stats with the agent metrics: turns, tool errors, environment seconds)."""
         ctx, stage = self.ctx, self.stage
         t = time.perf_counter()
+        settings = episode_settings(stage, max_new, ctx)
         traj = episodes.run_episodes(params, ctx.model_cfg, ctx.tokenizer, records,
-                                     [envs.env_name(r["domain"], stage.envs) for r in records],
-                                     episode_settings(stage, max_new, ctx), rng, ctx.mesh, stage.group_size)
+                                     [envs.env_name(r["domain"], stage.envs) for r in records], settings, rng,
+                                     ctx.mesh, stage.group_size)
         domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
-        groups = episodes.trajectory_groups(traj, [domain_index[r["domain"]] for r in records], stage.group_size)
+        groups = episodes.trajectory_groups(traj, [domain_index[r["domain"]] for r in records], stage.group_size,
+                                            settings.max_prompt_len, settings.max_total_tokens)
         if self.epoch_filter:
             self.epoch_filter.update([r["id"] for r in records], groups["rewards"])
         wall = time.perf_counter() - t
