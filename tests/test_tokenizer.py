@@ -202,3 +202,18 @@ def test_load_or_train_interrupted_leaves_no_model(tmp_path, monkeypatch):
     monkeypatch.undo()
     tok = load_or_train(str(path), lambda: synthetic_corpus(300), vocab_size=300)
     assert tok.decode(tok.encode("ok\n")) == "ok\n"
+
+
+def test_load_or_train_resumes_a_tokenizer_with_fewer_pieces_than_requested(tmp_path):
+    """A small corpus fills fewer pieces than requested (hard_vocab_limit off): the cached file is still the one that
+    request trained, so a resumed run loads it; another request is still refused."""
+    path = str(tmp_path / "sp.model")
+    tok = load_or_train(path, lambda: synthetic_corpus(40), vocab_size=3000)
+    assert tok.vocab_size < 3000
+
+    def no_corpus():
+        raise AssertionError("retrained")
+
+    assert load_or_train(path, no_corpus, vocab_size=3000).vocab_size == tok.vocab_size
+    with pytest.raises(ValueError, match="requested \\(3100, 'bpe'\\)"):
+        load_or_train(path, no_corpus, vocab_size=3100)
