@@ -77,6 +77,25 @@ def draw(logits, key):
     return jnp.sum(cdf <= u, axis=-1).astype(jnp.int32)
 
 
+def _prefill(params, cfg: ModelConfig, prompt_tokens, prompt_lens, slots: int):
+    """(last-column logits [B, 1, vocab], a cache of prompt_len + `slots` slots holding the prompts, lengths [B]) of
+    left-padded prompts, each prefilled once (attending over the prompt's cache slots only)."""
+    B0, prompt_len = prompt_tokens.shape
+    lens0 = prompt_lens.astype(jnp.int32)
+    valid0 = jnp.arange(prompt_len)[None, :] >= (prompt_len - lens0)[:, None]
+    cache = init_cache(cfg, B0, prompt_len + slots)
+    logits, cache = forward_cached(params, cfg, prompt_tokens, left_pad_positions(valid0), valid0, cache, 0,
+                                   last_only=True, seen=prompt_len)
+    return logits, cache, lens0
+
+
+def _next_token(last, key, greedy: bool, temperature, top_p, top_k: int):
+    """(token [B], its log-prob at temperature 1 [B]) drawn from the logits `last` [B, vocab]."""
+    tok = (jnp.argmax(last, axis=-1).astype(jnp.int32) if greedy
+           else draw(filter_logits(last, temperature, top_p, top_k), key))
+    return tok, jnp.take_along_axis(jax.nn.log_softmax(last, axis=-1), tok[:, None], axis=-1)[:, 0]
+
+
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "num_samples", "top_k", "greedy",
                                              "greedy_first"))
 def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new_tokens: int, eos_id,
@@ -92,11 +111,7 @@ def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new
     """
     G, N = num_samples, max_new_tokens
     B0, prompt_len = prompt_tokens.shape
-    lens0 = prompt_lens.astype(jnp.int32)
-    valid0 = jnp.arange(prompt_len)[None, :] >= (prompt_len - lens0)[:, None]
-    cache = init_cache(cfg, B0, prompt_len + N)
-    logits, cache = forward_cached(params, cfg, prompt_tokens, left_pad_positions(valid0), valid0, cache, 0,
-                                   last_only=True, seen=prompt_len)
+    logits, cache, lens0 = _prefill(params, cfg, prompt_tokens, prompt_lens, N)
     share = lambda x, axis: jnp.repeat(x, G, axis=axis) if G > 1 else x  # noqa: E731  (rows of a prompt adjacent)
     cache = cache.repeat_rows(G)
     prompts, lens = share(prompt_tokens, 0), share(lens0, 0)
@@ -191,11 +206,7 @@ def begin_episodes(params, cfg: ModelConfig, prompt_tokens, prompt_lens, *, slot
     and leave `slots` empty slots after the prompts for turns and observations."""
     check_episode_model(cfg)
     B0, prompt_len = prompt_tokens.shape
-    lens0 = prompt_lens.astype(jnp.int32)
-    valid0 = jnp.arange(prompt_len)[None, :] >= (prompt_len - lens0)[:, None]
-    cache = init_cache(cfg, B0, prompt_len + slots)
-    logits, cache = forward_cached(params, cfg, prompt_tokens, left_pad_positions(valid0), valid0, cache, 0,
-                                   last_only=True, seen=prompt_len)
+    logits, cache, lens0 = _prefill(params, cfg, prompt_tokens, prompt_lens, slots)
     G = num_samples
     rows = lambda x: jnp.repeat(x, G, axis=0)  # noqa: E731
     B = B0 * G
@@ -222,9 +233,7 @@ def decode_turn(params, cfg: ModelConfig, ep: Episodes, talking, rng, *, max_new
         i, ep, rng = state
         rng, key = jax.random.split(rng)
         on = ep.talking
-        tok = (jnp.argmax(ep.last, axis=-1).astype(jnp.int32) if greedy
-               else draw(filter_logits(ep.last, temperature, top_p, top_k), key))
-        lp = jnp.take_along_axis(jax.nn.log_softmax(ep.last, axis=-1), tok[:, None], axis=-1)[:, 0]
+        tok, lp = _next_token(ep.last, key, greedy, temperature, top_p, top_k)
         tok = jnp.where(on, tok, pad_id)
         j = ep.t - prompt_len
         logits, cache = forward_cached(params, cfg, tok[:, None], ep.pos[:, None], on[:, None], ep.cache, ep.t)
