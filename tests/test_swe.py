@@ -192,3 +192,23 @@ def test_execution_score_on_generated_records():
     for g, b in zip(good, bad):
         assert rswe.execution_score(f"<think>\n{g['reasoning']}\n</think>\n{g['response']}", g["answer"]) == 1.0
         assert rswe.execution_score(f"<think>\n{b['reasoning']}\n</think>\n{b['response']}", b["answer"]) == 0.0
+
+
+def test_retry_records_are_second_turns_as_the_environment_builds_them():
+    """retry_rate: train records whose prompt is the conversation so far. Rendered, it is the problem, a first repair,
+    and the swe_repair environment's own answer to that repair (envs.SweRepair.step, run here in the sandbox); the
+    target is the golden fix. Test records stay single-turn."""
+    from nemocascade import chat, envs
+
+    recs = dswe.generate(np.random.default_rng(3), 60, split="train", wide=True, test_every=4, retry_rate=0.5)
+    retries = [r for r in recs if chat.IM_START in r["prompt"]]
+    assert 15 <= len(retries) <= 45
+    for r in retries[:4]:
+        first_user, rest = r["prompt"].split(f"{chat.IM_END}\n{chat.IM_START}assistant\n{chat.THINK_OPEN}\n", 1)
+        first_turn, answer = rest.split(f"\n{chat.IM_START}user\n")
+        assert first_user.startswith("Fix the bug.") and first_turn.endswith(chat.IM_END)
+        step = envs.make_env("swe_repair", {**r, "prompt": first_user}).step(chat.THINK_OPEN + "\n" + first_turn)
+        assert not step.done and step.observation == answer
+        assert json.loads(r["answer"])["fix"] in r["response"]
+    assert not any(chat.IM_START in r["prompt"] for r in dswe.generate(
+        np.random.default_rng(3), 60, split="test", wide=True, test_every=4, retry_rate=0.5))

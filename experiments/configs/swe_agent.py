@@ -2,7 +2,9 @@
 same token budget, after RL?
 
     sft        on "swe", wide (~2,370 distinct problems, ~590 held out for test at test_every=4); the teacher
-               mis-repairs 30% of its bound / compare bugs (a patch close to the fix that fails a hidden test)
+               mis-repairs 30% of its bound / compare bugs (a patch close to the fix that fails a hidden test);
+               30% of the train records are second turns (`retry_rate`: the problem, a first repair that fails the
+               shown test, the environment's answer, then the right repair), as C2's SFT holds agentic trajectories
     rl_single  [side branch from sft] GRPO, one turn of up to BUDGET tokens, rewarded by executing every test (the
                swe_repair environment with max_turns=1 = C1/C2's execution reward swe_exec)
     rl_multi   [side branch from sft] GRPO, up to 3 turns in the swe_repair environment (each turn <= 112 tokens;
@@ -15,6 +17,7 @@ After every stage both ways are scored on the same held-out problems (greedy, n 
 
     python experiments/run.py --config=swe_agent
     python experiments/run.py --config=swe_agent:tiny     # seconds per stage, for CI
+    python experiments/run.py --config=swe_agent:single_turn_sft   # SFT on first turns only (no retry_rate)
 """
 import ml_collections
 
@@ -23,11 +26,11 @@ from nemocascade.stages import common, sft
 
 BUDGET = 448  # tokens after the prompt: a repair turn is ~85 tokens, the environment's answer ~120
 TURN = 112
-DOMAINS = {"swe": dict(teacher_error_rate=0.3, wide=True, test_every=4)}
+DOMAINS = {"swe": dict(teacher_error_rate=0.3, wide=True, test_every=4, retry_rate=0.3)}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    tags = variants("swe_agent", arg, ("tiny",))
+    tags = variants("swe_agent", arg, ("tiny", "single_turn_sft"))
     c = multi_base("swe_agent", DOMAINS)
     c.variant = arg
     c.tokenizer.update(vocab_size=768, corpus_size=2000)
@@ -37,7 +40,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                      "multi": dict(max_turns=3, max_new_tokens=TURN, max_total_tokens=BUDGET, max_obs_tokens=160)}
     c.reward.timeout_s = 8.0  # above the sandbox's wall limit (tests run for up to 5 s)
     c.stages.sft = common.stage_config(
-        "sft", sft.DEFAULTS, domains=["swe"], steps=1500, batch_size=16, seq_len=256, pack=True,
+        "sft", sft.DEFAULTS, domains=["swe"], steps=1500, batch_size=8, seq_len=512, pack=True,  # retries: ~480
         checkpoint_every=250, eval_every=0,
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=100, weight_decay=0.01, min_lr_frac=0.05))
     agent = dict(prompts_per_step=8, group_size=8, eval_every=0, init_from="stage:sft", side_branch=True,
@@ -47,6 +50,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.stages.rl_multi = grpo_stage(["swe"], 30, max_turns=3, max_total_tokens=BUDGET, envs={"swe": "swe_repair"},
                                    max_obs_tokens=160, length_curriculum=((0, TURN),), **agent)
     c.stage_order = ("sft", "rl_single", "rl_multi")
+    if "single_turn_sft" in tags:  # the first design: SFT never sees a second turn
+        c.data.domains.swe.opts.retry_rate = 0.0
+        c.stages.sft.update(batch_size=16, seq_len=256)
     if "tiny" in tags:
         c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=192)
         c.tokenizer.update(vocab_size=512, corpus_size=400)

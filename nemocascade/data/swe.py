@@ -134,7 +134,7 @@ def code_block(code: str) -> str:
 
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
              teacher_error_rate: float = 0.0, bugs: tuple[str, ...] = BUGS, test_every: int = 10,
-             wide: bool = False) -> list[dict]:
+             wide: bool = False, retry_rate: float = 0.0) -> list[dict]:
     """``n`` SWE repair records (domains.py record contract), deterministic given ``rng`` and the options.
 
     Args:
@@ -143,6 +143,9 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         bugs: bug families to draw from, uniformly (default all four).
         wide: thresholds 1-29 (not 1-8) and list values 0-39 (not 0-9): ~2,370 distinct problems instead of
             ~690, so a split of 1/4 holds over 500.
+        retry_rate: the share of TRAIN records that are a second turn (`retry_prompt`): the conversation so far
+            (the problem, a first repair that fails the shown test, the swe_repair environment's answer) is the
+            prompt, the right repair the target. Other splits stay single-turn.
     """
     check_args(split, teacher_error_rate)
     unknown = sorted(set(bugs) - set(BUGS))
@@ -181,15 +184,41 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         cases = [shown, caught, _case(rng, top)]
         tests = [f"assert {name}({case}) == {_run(fns[fix], case)}" for case in cases]
         slipped = bool(rng.random() < teacher_error_rate) and slip is not None
+        prompt = f"Fix the bug.\n{code_block(buggy)}\nFailing: {tests[0]}, got {_run(fns[buggy], shown)}"
+        if retry_rate and split == "train" and rng.random() < retry_rate:
+            prompt, why = retry_prompt(rng, prompt, why, name, template, fill, golden, buggy, fns[fix], tests[0],
+                                       shown)
         records.append({
             "domain": DOMAIN,
-            "prompt": f"Fix the bug.\n{code_block(buggy)}\nFailing: {tests[0]}, got {_run(fns[buggy], shown)}",
+            "prompt": prompt,
             "reasoning": slip_why if slipped else why,
             "response": code_block(slipped_code if slipped else fix),
             "answer": json.dumps({"fix": fix, "buggy": buggy, "tests": tests}),
             "id": f"{DOMAIN}/{split or 'all'}/{len(records)}/{key}",
         })
     return records
+
+
+def retry_prompt(rng, prompt: str, why: str, name: str, template: str, fill: dict, golden: dict, buggy: str, fix_fn,
+                 test: str, shown: list[int]) -> tuple[str, str]:
+    """(the user text of a second turn, its diagnosis). The first repair fails the shown test: in ACCUMULATE
+    functions half the time the fix with the threshold miscopied (the diagnosis then names the threshold the
+    problem had), else the buggy function back unchanged (the diagnosis is the bug's). The text, put through
+    `chat.render_prompt` in thinking mode, is exactly the conversation rl/episodes.py builds: the problem, the first
+    turn (its diagnosis, its code), and the environment's answer in `envs.SweRepair`'s words."""
+    from nemocascade import chat
+
+    attempt, reason = buggy, why
+    if template is ACCUMULATE and rng.random() < 0.5:
+        k2 = max(1, fill["k"] + int(rng.choice([-3, -2, -1, 1, 2, 3])))
+        miscopied = template.format(**{**fill, "k": k2}, **golden)
+        if _run(_function(miscopied, name), shown) != _run(fix_fn, shown):
+            attempt, reason = miscopied, f"The threshold is {k2}: the problem has {fill['k']}."
+    got = _run(_function(attempt, name), shown)
+    first = chat.render_completion(why, code_block(attempt), thinking=True)
+    answer = f"Fix the bug.\n{code_block(attempt)}\nFailing: {test}, got {got}"
+    return (f"{prompt}{chat.IM_END}\n{chat.IM_START}assistant\n{chat.THINK_OPEN}\n{first}\n{chat.IM_START}user\n"
+            f"{answer}"), reason
 
 
 register_domain(DomainSpec(
