@@ -35,7 +35,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.variant = arg
     c.tokenizer.update(vocab_size=768, corpus_size=2000)
     c.data.domains.swe.num_test = 4000  # ~590 distinct test problems exist; 4000 records reach 500 of them
-    c.eval.update(max_prompt_len=160, max_new_tokens=TURN, avg_k=0)  # greedy scores only
+    c.eval.update(max_prompt_len=160, max_new_tokens=TURN)
     c.eval.agents = {"single": dict(max_turns=1, max_new_tokens=BUDGET),
                      "multi": dict(max_turns=3, max_new_tokens=TURN, max_total_tokens=BUDGET, max_obs_tokens=160)}
     c.reward.timeout_s = 8.0  # above the sandbox's wall limit (tests run for up to 5 s)
@@ -53,6 +53,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if "single_turn_sft" in tags:  # the first design: SFT never sees a second turn
         c.data.domains.swe.opts.retry_rate = 0.0
         c.stages.sft.update(batch_size=16, seq_len=256)
+        c.eval.avg_k = 0  # as that run was scored: greedy only
     if "tiny" in tags:
         c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=192)
         c.tokenizer.update(vocab_size=512, corpus_size=400)
