@@ -286,7 +286,7 @@ def test_swe_agent_tiny_trains_multi_turn_and_evaluates_both_ways(tmp_path, run_
     for stage in summary["stages"]:
         for split in ("eval", "val"):
             ev = stage[split]
-            assert set(ev) == {"swe", "swe@single", "swe@multi"}
+            assert set(ev) == {"swe", "swe_retry", "swe@single", "swe@multi"}  # swe_retry: no environment
             assert ev["swe@single"]["n"] == ev["swe@multi"]["n"] == ev["swe"]["n"]
             assert sum(ev["swe@multi"]["turns_frac"].values()) == pytest.approx(1.0) and "ci95" in ev["swe@multi"]
     # the report's comparison is the paired difference of the saved per-item scores

@@ -197,12 +197,15 @@ def test_execution_score_on_generated_records():
 def test_retry_records_are_second_turns_as_the_environment_builds_them():
     """retry_rate: train records whose prompt is the conversation so far. Rendered, it is the problem, a first repair,
     and the swe_repair environment's own answer to that repair (envs.SweRepair.step, run here in the sandbox); the
-    target is the golden fix. Test records stay single-turn."""
+    target is the golden fix. Domain swe_retry holds only such records, in every split."""
     from nemocascade import chat, envs
 
     recs = dswe.generate(np.random.default_rng(3), 60, split="train", wide=True, test_every=4, retry_rate=0.5)
     retries = [r for r in recs if chat.IM_START in r["prompt"]]
     assert 15 <= len(retries) <= 45
+    only = domains.generate_split("swe_retry", "test", 20, seed=0, wide=True, test_every=4)
+    assert all(chat.IM_START in r["prompt"] and r["domain"] == "swe_retry" for r in only)
+    assert all(domains.split_of(domains.problem_key(r), 4) == "test" for r in only)
     for r in retries[:4]:
         first_user, rest = r["prompt"].split(f"{chat.IM_END}\n{chat.IM_START}assistant\n{chat.THINK_OPEN}\n", 1)
         first_turn, answer = rest.split(f"\n{chat.IM_START}user\n")
@@ -210,5 +213,3 @@ def test_retry_records_are_second_turns_as_the_environment_builds_them():
         step = envs.make_env("swe_repair", {**r, "prompt": first_user}).step(chat.THINK_OPEN + "\n" + first_turn)
         assert not step.done and step.observation == answer
         assert json.loads(r["answer"])["fix"] in r["response"]
-    assert not any(chat.IM_START in r["prompt"] for r in dswe.generate(
-        np.random.default_rng(3), 60, split="test", wide=True, test_every=4, retry_rate=0.5))

@@ -3,7 +3,7 @@ same token budget, after RL?
 
     sft        on "swe", wide (~2,370 distinct problems, ~590 held out for test at test_every=4); the teacher
                mis-repairs 30% of its bound / compare bugs (a patch close to the fix that fails a hidden test);
-               30% of the train records are second turns (`retry_rate`: the problem, a first repair that fails the
+               and 30% of its examples from "swe_retry", second turns (the problem, a first repair that fails the
                shown test, the environment's answer, then the right repair), as C2's SFT holds agentic trajectories
     rl_single  [side branch from sft] GRPO, one turn of up to BUDGET tokens, rewarded by executing every test (the
                swe_repair environment with max_turns=1 = C1/C2's execution reward swe_exec)
@@ -26,7 +26,8 @@ from nemocascade.stages import common, sft
 
 BUDGET = 448  # tokens after the prompt: a repair turn is ~85 tokens, the environment's answer ~120
 TURN = 112
-DOMAINS = {"swe": dict(teacher_error_rate=0.3, wide=True, test_every=4, retry_rate=0.3)}
+SWE = dict(teacher_error_rate=0.3, wide=True, test_every=4)
+DOMAINS = {"swe": SWE, "swe_retry": SWE}  # swe_retry: second turns, SFT data only (RL trains on swe)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -34,13 +35,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = multi_base("swe_agent", DOMAINS)
     c.variant = arg
     c.tokenizer.update(vocab_size=768, corpus_size=2000)
-    c.data.domains.swe.num_test = 4000  # ~590 distinct test problems exist; 4000 records reach 500 of them
+    for d in DOMAINS:
+        c.data.domains[d].num_test = 4000  # ~590 distinct test problems exist; 4000 records reach 500 of them
+    c.data.domains.swe_retry.max_prompt_len = 448  # its prompt holds the first turn and the tests' answer
     c.eval.update(max_prompt_len=160, max_new_tokens=TURN)
     c.eval.agents = {"single": dict(max_turns=1, max_new_tokens=BUDGET),
                      "multi": dict(max_turns=3, max_new_tokens=TURN, max_total_tokens=BUDGET, max_obs_tokens=160)}
     c.reward.timeout_s = 8.0  # above the sandbox's wall limit (tests run for up to 5 s)
     c.stages.sft = common.stage_config(
-        "sft", sft.DEFAULTS, domains=["swe"], steps=1500, batch_size=8, seq_len=512, pack=True,  # retries: ~480
+        "sft", sft.DEFAULTS, domains=list(DOMAINS), mix={"swe": 0.7, "swe_retry": 0.3}, steps=1500, batch_size=8,
+        seq_len=512, pack=True,  # a second turn is ~480 tokens
         checkpoint_every=250, eval_every=0,
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=100, weight_decay=0.01, min_lr_frac=0.05))
     agent = dict(prompts_per_step=8, group_size=8, eval_every=0, init_from="stage:sft", side_branch=True,
@@ -51,13 +55,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                    max_obs_tokens=160, length_curriculum=((0, TURN),), **agent)
     c.stage_order = ("sft", "rl_single", "rl_multi")
     if "single_turn_sft" in tags:  # the first design: SFT never sees a second turn
-        c.data.domains.swe.opts.retry_rate = 0.0
-        c.stages.sft.update(batch_size=16, seq_len=256)
+        del c.data.domains["swe_retry"]
+        c.stages.sft.update(domains=["swe"], batch_size=16, seq_len=256)
+        c.stages.sft.mix = ml_collections.ConfigDict()
         c.eval.avg_k = 0  # as that run was scored: greedy only
     if "tiny" in tags:
         c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=192)
         c.tokenizer.update(vocab_size=512, corpus_size=400)
-        c.data.domains.swe.update(num_train=400, num_test=16)
+        for d in c.data.domains:
+            c.data.domains[d].update(num_train=400, num_test=16)
         c.eval.update(n=4, val_n=4, batch_size=4)
         c.stages.sft.update(steps=10, checkpoint_every=10)
         for s in ("rl_single", "rl_multi"):

@@ -134,7 +134,7 @@ def code_block(code: str) -> str:
 
 def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
              teacher_error_rate: float = 0.0, bugs: tuple[str, ...] = BUGS, test_every: int = 10,
-             wide: bool = False, retry_rate: float = 0.0) -> list[dict]:
+             wide: bool = False, retry_rate: float = 0.0, domain: str = DOMAIN) -> list[dict]:
     """``n`` SWE repair records (domains.py record contract), deterministic given ``rng`` and the options.
 
     Args:
@@ -143,9 +143,10 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         bugs: bug families to draw from, uniformly (default all four).
         wide: thresholds 1-29 (not 1-8) and list values 0-39 (not 0-9): ~2,370 distinct problems instead of
             ~690, so a split of 1/4 holds over 500.
-        retry_rate: the share of TRAIN records that are a second turn (`retry_prompt`): the conversation so far
-            (the problem, a first repair that fails the shown test, the swe_repair environment's answer) is the
-            prompt, the right repair the target. Other splits stay single-turn.
+        retry_rate: the share of records that are a second turn (`retry_prompt`): the conversation so far (the
+            problem, a first repair that fails the shown test, the swe_repair environment's answer) is the prompt,
+            the right repair the target. Domain "swe_retry" is swe with retry_rate 1 (SFT data for agents; its
+            held-out items score repair after a failed first turn).
     """
     check_args(split, teacher_error_rate)
     unknown = sorted(set(bugs) - set(BUGS))
@@ -185,16 +186,16 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         tests = [f"assert {name}({case}) == {_run(fns[fix], case)}" for case in cases]
         slipped = bool(rng.random() < teacher_error_rate) and slip is not None
         prompt = f"Fix the bug.\n{code_block(buggy)}\nFailing: {tests[0]}, got {_run(fns[buggy], shown)}"
-        if retry_rate and split == "train" and rng.random() < retry_rate:
+        if retry_rate and rng.random() < retry_rate:
             prompt, why = retry_prompt(rng, prompt, why, name, template, fill, golden, buggy, fns[fix], tests[0],
                                        shown)
         records.append({
-            "domain": DOMAIN,
+            "domain": domain,
             "prompt": prompt,
             "reasoning": slip_why if slipped else why,
             "response": code_block(slipped_code if slipped else fix),
             "answer": json.dumps({"fix": fix, "buggy": buggy, "tests": tests}),
-            "id": f"{DOMAIN}/{split or 'all'}/{len(records)}/{key}",
+            "id": f"{domain}/{split or 'all'}/{len(records)}/{key}",
         })
     return records
 
@@ -221,6 +222,15 @@ def retry_prompt(rng, prompt: str, why: str, name: str, template: str, fill: dic
             f"{answer}"), reason
 
 
+def generate_retries(rng: np.random.Generator, n: int, **opts) -> list[dict]:
+    """Domain "swe_retry": swe records that are all second turns (`generate`'s retry_rate=1)."""
+    return generate(rng, n, **opts, retry_rate=1.0, domain=RETRY_DOMAIN)
+
+
+RETRY_DOMAIN = "swe_retry"
 register_domain(DomainSpec(
     name=DOMAIN, generate=generate, version="2",  # 2: problem keys that identify the problem
     description="SWE repair: fix one injected bug in a small function (teacher mis-repairs some bugs)"))
+register_domain(DomainSpec(
+    name=RETRY_DOMAIN, generate=generate_retries, version="1",
+    description="SWE repair, second turn: the problem, a failed first repair and the tests' answer, then the fix"))

@@ -21,6 +21,7 @@ REWARDS: dict[str, Callable[[str, str], float]] = {
     "rg_math": math.score, "rg_arith": math.score, "rg_count": math.score,
     "mcq": mcq.score, "json": structured.score, "tool": tool.score, "longctx": math.score,  # longctx: boxed number
     "swe": swe.agentless_score, "swe_exec": swe.execution_score,
+    "swe_retry": swe.agentless_score,  # the second turn's repair, scored as swe
     # pref: evaluation only, a rule-based proxy judge; RLHF trains on the learned RM (rewards/rm_scorer.py)
     "pref": pref.score,
     "judge_pref": verdict.score,  # a generative judge's SFT domains: the right verdict, strictly parsed
