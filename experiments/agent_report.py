@@ -81,21 +81,26 @@ def plot(reports: list[dict], out_png: str) -> None:
     width = 0.8 / max(len(multi), 1)
     for i, r in enumerate(multi):
         ks = list(r["turns_frac"])
-        ax1.bar([int(k) + (i - len(multi) / 2) * width for k in ks], [100 * v for v in r["turns_frac"].values()],
-                width=width, label=f"after {r['stage']}")
+        ax1.bar([int(k) + (i - (len(multi) - 1) / 2) * width for k in ks],
+                [100 * v for v in r["turns_frac"].values()], width=width, label=f"after {r['stage']}")
+    ax1.set_xticks(sorted({int(k) for r in multi for k in r["turns_frac"]}))
     ax1.set_xlabel("turns per episode (multi-turn agent, held-out test)")
     ax1.set_ylabel("% of episodes")
     ax1.set_title(f"seed {reports[0]['seed']}")
     ax1.legend()
     for j, rep in enumerate(reports):
         c = rep["comparison"]
-        for k, (name, value) in enumerate((("single", c["single_pass@1"]), ("multi", c["multi_pass@1"]))):
-            ax2.bar(j + (k - 0.5) * 0.4, 100 * value, width=0.4, color=("tab:gray", "tab:blue")[k],
-                    label=f"{c[name][0]} as {c[name][1]}-turn agent" if j == 0 else None)
+        for k, name in enumerate(("single", "multi")):
+            row = next(r for r in rep["rows"] if (r["stage"], r["agent"]) == tuple(c[name]))
+            lo, hi = (100 * x for x in row["ci95"])
+            ax2.bar(j + (k - 0.5) * 0.4, 100 * row["pass@1"], width=0.4, color=("tab:gray", "tab:blue")[k],
+                    yerr=[[100 * row["pass@1"] - lo], [hi - 100 * row["pass@1"]]], capsize=4,
+                    label=f"{c[name][0]} as the {c[name][1]} agent" if j == 0 else None)
     ax2.set_xticks(range(len(reports)), [f"seed {r['seed']}" for r in reports])
     ax2.set_ylabel("held-out pass@1 (%)")
-    ax2.set_title("same token budget")
-    ax2.legend()
+    ax2.set_title("same token budget (95% intervals)")
+    ax2.set_ylim(0, 100)
+    ax2.legend(loc="lower center")
     fig.tight_layout()
     fig.savefig(out_png, dpi=110)
 
