@@ -275,7 +275,7 @@ def agent_settings(ctx, agent):
     e = ctx.cfg.eval
     turns, per_turn = agent.get("max_turns", 1), agent.get("max_new_tokens", e.max_new_tokens)
     return episodes.Settings(max_turns=turns, max_new_tokens=per_turn,
-                             max_total_tokens=agent.get("max_total_tokens", 0) or turns * per_turn,
+                             max_total_tokens=agent.get("max_total_tokens", 0),
                              max_obs_tokens=agent.get("max_obs_tokens", 128), max_prompt_len=e.max_prompt_len,
                              greedy=True, thinking=ctx.cfg.thinking)
 

@@ -86,11 +86,6 @@ def make_env(name: str, record: dict) -> Env:
         raise KeyError(f"no environment {name!r}; registered: {sorted(ENVS)}") from None
 
 
-def final_text(action: str) -> str:
-    """The text after the think block (an unfinished think block: ""); the model's turn terminator dropped."""
-    return strip_think(action)
-
-
 # ---------------------------------------------------------------------------------------------------- swe
 
 
@@ -208,7 +203,7 @@ class ToolExec(Env):
         from nemocascade.rewards.structured import MALFORMED
 
         try:
-            call = tool_reward.parse_call(final_text(action))
+            call = tool_reward.parse_call(strip_think(action))
         except MALFORMED:
             call = None
         if call is None:
@@ -239,7 +234,7 @@ class PythonTool(Env):
         from nemocascade.rewards import get_reward
         from nemocascade.rewards.extract import last_python_block
 
-        code = last_python_block(final_text(action))
+        code = last_python_block(strip_think(action))
         if code is None:
             return Step("", get_reward(self.record["domain"])(action, self.record["answer"]), True)
         res = sandbox.run_python(code, timeout_s=STEP_TIMEOUT_S)

@@ -122,7 +122,7 @@ def evaluate_episodes(params, model_cfg, tokenizer, records, env_names, settings
                                      settings, jax.random.fold_in(rng, start), mesh)
         n = len(chunk)
         scores += traj.rewards[:n].tolist()
-        model_tokens += (traj.kind[:n] == 1).sum(1).tolist()
+        model_tokens += traj.model_tokens[:n].tolist()
         turns += traj.turns[:n].tolist()
         errors += traj.tool_errors[:n].tolist()
         done += traj.done[:n].tolist()

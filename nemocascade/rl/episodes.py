@@ -35,7 +35,8 @@ OBS_BUCKET = 16  # observation chunks are padded to a multiple of this (few comp
 class Settings:
     max_turns: int
     max_new_tokens: int  # per turn
-    max_total_tokens: int  # per episode after the prompt: the model's tokens and the observations'
+    max_total_tokens: int = 0  # per episode after the prompt, the model's tokens and the observations' (0: max_turns
+    # x max_new_tokens); read it through `budget`
     max_obs_tokens: int = 128
     max_prompt_len: int = 256
     temperature: float = 1.0
@@ -45,6 +46,10 @@ class Settings:
     thinking: bool = True
     stop_tokens: tuple = ()  # vocabulary pieces that also end a turn (e.g. "</tool_call>" where it is one token)
     workers: int = 0  # environment steps in parallel (0: 2 x CPU count; they wait on sandbox subprocesses)
+
+    @property
+    def budget(self) -> int:
+        return self.max_total_tokens or self.max_turns * self.max_new_tokens
 
     @property
     def slots(self) -> int:
@@ -65,6 +70,11 @@ class Trajectories:
     done: np.ndarray        # [B] the environment ended the episode (else a turn or token budget did)
     env_s: float            # seconds in environment steps
     texts: list             # [B] list of each row's turn texts (as decoded)
+
+    @property
+    def model_tokens(self) -> np.ndarray:
+        """[B] the tokens the model wrote (observations excluded)."""
+        return (self.kind == sampling.MODEL).sum(1)
 
 
 def render_observation(text: str, thinking: bool, closed: bool) -> str:
@@ -110,7 +120,7 @@ def run_episodes(params, model_cfg, tokenizer, records: list[dict], env_names: l
         for turn in range(s.max_turns):
             t0 = int(to_host(ep.t))
             ep = sampling.decode_turn(params, model_cfg, ep, dev(alive), jax.random.fold_in(rng, turn),
-                                      max_new_tokens=s.max_new_tokens, budget=s.max_total_tokens,
+                                      max_new_tokens=s.max_new_tokens, budget=s.budget,
                                       stop_ids=stop_ids, pad_id=tokenizer.pad_id,
                                       temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, greedy=s.greedy)
             t1, tokens, kind, used = to_host((ep.t, ep.tokens, ep.kind, ep.used))
@@ -134,7 +144,7 @@ def run_episodes(params, model_cfg, tokenizer, records: list[dict], env_names: l
             obs = {b: observation_ids(tokenizer, steps[b].observation, s.thinking, closed[b], s.max_obs_tokens)
                    for b in np.flatnonzero(alive)}
             for b, ids in obs.items():
-                if used[b] + len(ids) + 1 > s.max_total_tokens:  # no room for the observation and one token
+                if used[b] + len(ids) + 1 > s.budget:  # no room for the observation and one token
                     alive[b] = False
             if not alive.any():
                 break
@@ -197,10 +207,9 @@ def trajectory_groups(traj: Trajectories, domain_idx, num_samples: int, prompt_w
     G = num_samples
     P = tokens.shape[0] // G
     shape = lambda x: np.asarray(x).reshape(P, G, *np.shape(x)[1:])  # noqa: E731
-    model_tokens = (traj.kind == sampling.MODEL).sum(1)
     return {"tokens": shape(tokens), "valid": shape(valid), "positions": shape(positions), "mask": shape(mask),
             "sampler_logp": shape(sampler_logp), "rewards": shape(traj.rewards),
-            "truncated": shape(~traj.done), "lengths": shape(model_tokens), "domain_idx": np.asarray(domain_idx)}
+            "truncated": shape(~traj.done), "lengths": shape(traj.model_tokens), "domain_idx": np.asarray(domain_idx)}
 
 
 def episode_metrics(traj: Trajectories) -> dict:

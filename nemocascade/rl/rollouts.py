@@ -116,7 +116,7 @@ class RolloutSource:
                                      ctx.mesh, stage.group_size)
         domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
         groups = episodes.trajectory_groups(traj, [domain_index[r["domain"]] for r in records], stage.group_size,
-                                            settings.max_prompt_len, settings.max_total_tokens)
+                                            settings.max_prompt_len, settings.budget)
         if self.epoch_filter:
             self.epoch_filter.update([r["id"] for r in records], groups["rewards"])
         wall = time.perf_counter() - t
@@ -145,8 +145,8 @@ def episode_settings(stage, max_new: int, ctx, greedy: bool = False) -> episodes
     """A multi-turn stage's budgets (stage keys max_turns, max_total_tokens, max_obs_tokens, env_workers,
     stop_tokens)."""
     return episodes.Settings(
-        max_turns=stage.max_turns, max_new_tokens=max_new, max_total_tokens=stage.max_total_tokens or (
-            stage.max_turns * max_new), max_obs_tokens=stage.max_obs_tokens,
+        max_turns=stage.max_turns, max_new_tokens=max_new, max_total_tokens=stage.max_total_tokens,
+        max_obs_tokens=stage.max_obs_tokens,
         max_prompt_len=stage.max_prompt_len or ctx.cfg.eval.max_prompt_len, temperature=stage.temperature,
         top_p=stage.top_p, top_k=stage.top_k, greedy=greedy, thinking=ctx.cfg.thinking, workers=stage.env_workers,
         stop_tokens=tuple(stage.stop_tokens))
