@@ -6,8 +6,11 @@ stage's held-out scores of "<domain>@<agent>" (config.eval.agents) in summary.js
 Prints, per run, every stage scored by every agent (pass@1 with its 95% interval, n, mean turns, tool errors per
 episode, the model's tokens) and the comparison the config is built for: `--multi` stage as the multi-turn agent
 against `--single` stage as the single-turn agent, on the same items (paired bootstrap interval of the
-difference), and over runs (Student t over seeds, with two or more). Writes OUT.md, OUT.json and OUT.png (the turn
-distribution of each stage's multi-turn agent, and the comparison per seed).
+difference), and over every comparison (Student t over seeds and RL repeats, with two or more). `--single` and
+`--multi` take comma lists of equal length, compared pair by pair; by default every arm pair the run has:
+rl_single<sfx>@single against rl_multi<sfx>@multi for each suffix (swe_agent:rl_repeats's `_r2`, `_r3`: RL repeats
+from the same SFT). Writes OUT.md, OUT.json and OUT.png (the turn distribution of each stage's multi-turn agent, and
+each comparison).
 """
 import argparse
 import json
@@ -34,8 +37,31 @@ def _load(workdir: str):
     return summary, scores
 
 
-def run_report(workdir: str, domain: str, single: tuple[str, str], multi: tuple[str, str]) -> dict:
-    """One run: every stage x agent score, and multi's stage/agent against single's on the same test items."""
+def arm_pairs(stages: list[str], single: str, multi: str) -> list[tuple[tuple[str, str], tuple[str, str]]]:
+    """((single stage, agent), (multi stage, agent)) pairs: the comma lists `single` / `multi` zipped, each entry
+    STAGE@AGENT; an entry without a stage (`@single`) stands for every rl_single<sfx> / rl_multi<sfx> pair in
+    `stages` (run order)."""
+    ones, manys = single.split(","), multi.split(",")
+    if len(ones) != len(manys):
+        raise BadInput(f"--single has {len(ones)} entries and --multi {len(manys)}: they are compared pair by pair")
+    out = []
+    for a, b in zip(ones, manys):
+        (sa, aa), (sb, ab) = (x.split("@", 1) if "@" in x else (x, "") for x in (a, b))
+        if not (aa and ab):
+            raise BadInput(f"{a!r} / {b!r}: each side is STAGE@AGENT (the stage may be empty: @AGENT)")
+        if bool(sa) != bool(sb):
+            raise BadInput(f"{a!r} / {b!r}: name both stages or neither (neither: every rl_single<sfx> / "
+                           "rl_multi<sfx>)")
+        if sa:
+            out.append(((sa, aa), (sb, ab)))
+            continue
+        sfxs = [n[len("rl_single"):] for n in stages if n.startswith("rl_single")]
+        out += [(("rl_single" + x, aa), ("rl_multi" + x, ab)) for x in sfxs if "rl_multi" + x in stages]
+    return out
+
+
+def run_report(workdir: str, domain: str, single: str, multi: str) -> dict:
+    """One run: every stage x agent score, and each multi stage/agent against its single on the same test items."""
     summary, scores = _load(workdir)
     rows = []
     for st in summary["stages"]:
@@ -45,18 +71,22 @@ def run_report(workdir: str, domain: str, single: tuple[str, str], multi: tuple[
                              "ci95": ev["ci95"], "n": ev["n"], "turns": ev["turns"], "turns_frac": ev["turns_frac"],
                              "tool_errors": ev["tool_errors"], "mean_len": ev["mean_len"],
                              "val": st.get("val", {}).get(key, {}).get("pass@1")})
-    stages = {st["name"] for st in summary["stages"]}
-    for stage, agent in (single, multi):
-        if stage not in stages or f"{domain}@{agent}" not in scores.get(stage, {}):
-            raise BadInput(f"{workdir}: no per-item scores of {domain}@{agent} after stage {stage!r} "
-                           f"(stages: {sorted(stages)})")
-    a = scores[single[0]][f"{domain}@{single[1]}"]
-    b = scores[multi[0]][f"{domain}@{multi[1]}"]
-    diff, ci = stats.paired_diff_ci95(a, b)
-    return {"workdir": workdir, "seed": summary.get("seed"), "rows": rows,
-            "comparison": {"single": list(single), "multi": list(multi), "n": len(a),
-                           "single_pass@1": sum(a) / len(a), "multi_pass@1": sum(b) / len(b),
-                           "diff": diff, "diff_ci95": ci}}
+    stages = [st["name"] for st in summary["stages"]]
+    comparisons = []
+    pairs = arm_pairs(stages, single, multi)
+    if not pairs:
+        raise BadInput(f"{workdir}: no rl_single<sfx> / rl_multi<sfx> pair of stages (stages: {stages})")
+    for one, many in pairs:
+        for stage, agent in (one, many):
+            if stage not in stages or f"{domain}@{agent}" not in scores.get(stage, {}):
+                raise BadInput(f"{workdir}: no per-item scores of {domain}@{agent} after stage {stage!r} "
+                               f"(stages: {stages})")
+        a = scores[one[0]][f"{domain}@{one[1]}"]
+        b = scores[many[0]][f"{domain}@{many[1]}"]
+        diff, ci = stats.paired_diff_ci95(a, b)
+        comparisons.append({"single": list(one), "multi": list(many), "n": len(a), "single_pass@1": sum(a) / len(a),
+                            "multi_pass@1": sum(b) / len(b), "diff": diff, "diff_ci95": ci})
+    return {"workdir": workdir, "seed": summary.get("seed"), "rows": rows, "comparisons": comparisons}
 
 
 def table(rep: dict) -> str:
@@ -68,16 +98,17 @@ def table(rep: dict) -> str:
         val = f"{100 * r['val']:.1f}" if r["val"] is not None else "-"
         lines.append(f"| {r['stage']} | {r['agent']} | {stats.percent(r['pass@1'], r['ci95'])} | {r['n']} | {val} | "
                      f"{r['turns']:.2f} | {shares} | {r['tool_errors']:.2f} | {r['mean_len']:.0f} |")
-    c = rep["comparison"]
-    lines += ["", f"{c['multi'][0]}@{c['multi'][1]} minus {c['single'][0]}@{c['single'][1]} on the same {c['n']} test "
-              f"items: {stats.percent(c['diff'], c['diff_ci95'], signed=True)} (paired bootstrap)"]
+    lines.append("")
+    for c in rep["comparisons"]:
+        lines.append(f"{c['multi'][0]}@{c['multi'][1]} minus {c['single'][0]}@{c['single'][1]} on the same {c['n']} "
+                     f"test items: {stats.percent(c['diff'], c['diff_ci95'], signed=True)} (paired bootstrap)  ")
     return "\n".join(lines)
 
 
 def plot(reports: list[dict], out_png: str) -> None:
     fig = Figure(figsize=(11, 4))
     ax1, ax2 = fig.subplots(1, 2)
-    multi = [r for r in reports[0]["rows"] if r["agent"] == reports[0]["comparison"]["multi"][1]]
+    multi = [r for r in reports[0]["rows"] if r["agent"] == reports[0]["comparisons"][0]["multi"][1]]
     width = 0.8 / max(len(multi), 1)
     for i, r in enumerate(multi):
         ks = list(r["turns_frac"])
@@ -88,15 +119,18 @@ def plot(reports: list[dict], out_png: str) -> None:
     ax1.set_ylabel("% of episodes")
     ax1.set_title(f"seed {reports[0]['seed']}")
     ax1.legend()
-    for j, rep in enumerate(reports):
-        c = rep["comparison"]
-        for k, name in enumerate(("single", "multi")):
-            row = next(r for r in rep["rows"] if (r["stage"], r["agent"]) == tuple(c[name]))
-            lo, hi = (100 * x for x in row["ci95"])
-            ax2.bar(j + (k - 0.5) * 0.4, 100 * row["pass@1"], width=0.4, color=("tab:gray", "tab:blue")[k],
-                    yerr=[[100 * row["pass@1"] - lo], [hi - 100 * row["pass@1"]]], capsize=4,
-                    label=f"{c[name][0]} as the {c[name][1]} agent" if j == 0 else None)
-    ax2.set_xticks(range(len(reports)), [f"seed {r['seed']}" for r in reports])
+    labels = []
+    for rep in reports:
+        for c in rep["comparisons"]:
+            j = len(labels)
+            for k, name in enumerate(("single", "multi")):
+                row = next(r for r in rep["rows"] if (r["stage"], r["agent"]) == tuple(c[name]))
+                lo, hi = (100 * x for x in row["ci95"])
+                ax2.bar(j + (k - 0.5) * 0.4, 100 * row["pass@1"], width=0.4, color=("tab:gray", "tab:blue")[k],
+                        yerr=[[100 * row["pass@1"] - lo], [hi - 100 * row["pass@1"]]], capsize=4,
+                        label=f"{c[name][1]}-turn agent after its RL" if j == 0 else None)
+            labels.append(f"seed {rep['seed']}\n{c['single'][0]}\n{c['multi'][0]}")
+    ax2.set_xticks(range(len(labels)), labels, fontsize=7)
     ax2.set_ylabel("held-out pass@1 (%)")
     ax2.set_title("same token budget (95% intervals)")
     ax2.set_ylim(0, 100)
@@ -109,20 +143,22 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("workdirs", nargs="+")
     ap.add_argument("--domain", default="swe")
-    ap.add_argument("--single", default="rl_single@single", help="STAGE@AGENT of the single-turn side")
-    ap.add_argument("--multi", default="rl_multi@multi", help="STAGE@AGENT of the multi-turn side")
+    ap.add_argument("--single", default="@single", help="STAGE@AGENT[,...] of the single-turn side (no stage: every "
+                    "rl_single<sfx>)")
+    ap.add_argument("--multi", default="@multi", help="STAGE@AGENT[,...] of the multi-turn side (no stage: every "
+                    "rl_multi<sfx>)")
     ap.add_argument("--out", default=None, help="prefix for OUT.md, OUT.json and OUT.png")
     a = ap.parse_args()
     try:
-        single, multi = (tuple(x.split("@", 1)) for x in (a.single, a.multi))
-        reports = [run_report(w, a.domain, single, multi) for w in a.workdirs]
+        reports = [run_report(w, a.domain, a.single, a.multi) for w in a.workdirs]
     except (BadInput, ValueError) as e:
         sys.exit(f"agent_report: {e}")
     text = "\n\n".join(table(r) for r in reports)
-    diffs = [r["comparison"]["diff"] for r in reports]
+    diffs = [c["diff"] for r in reports for c in r["comparisons"]]
     over = stats.seeds_ci95(diffs)
-    text += (f"\n\nover {len(diffs)} seeds: mean difference {100 * sum(diffs) / len(diffs):+.1f} points"
-             + (f", Student t {stats.percent_interval(over, signed=True)}" if over else " (one seed: no interval)"))
+    text += (f"\n\nover {len(diffs)} comparisons (seeds x RL repeats): mean difference "
+             f"{100 * sum(diffs) / len(diffs):+.1f} points"
+             + (f", Student t {stats.percent_interval(over, signed=True)}" if over else " (one: no interval)"))
     print(text)
     if a.out:
         files.atomic_write(a.out + ".md", text + "\n")

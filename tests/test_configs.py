@@ -94,6 +94,22 @@ def test_procedural_test_splits_hold_eval_n_distinct_problems(name):
             assert len({domains.problem_key(r) for r in records}) >= n, (d, split)
 
 
+def test_swe_agent_rl_repeats_are_the_same_arms_at_new_places_in_the_run():
+    """swe_agent:rl_repeats: each repeat pair equals the default pair key by key (a side branch from the same SFT),
+    and sits at its own index in the stage order, which seeds its data order and RNG (stages/common.stage_index)."""
+    from nemocascade.configs import flatten
+
+    base, rep = configs.load("swe_agent"), configs.load("swe_agent:rl_repeats")
+    assert list(rep.stage_order) == list(base.stage_order) + [
+        "rl_single_r2", "rl_multi_r2", "rl_single_r3", "rl_multi_r3"]
+    for arm in ("rl_single", "rl_multi"):
+        for r in (2, 3):
+            assert flatten(rep.stages[f"{arm}_r{r}"].to_dict()) == flatten(base.stages[arm].to_dict()), (arm, r)
+    assert rep.stages.rl_multi_r3.init_from == "stage:sft" and rep.stages.rl_multi_r3.side_branch
+    tiny = configs.load("swe_agent:tiny,rl_repeats")  # the repeats copy the tiny arms
+    assert tiny.stages.rl_single_r2.steps == tiny.stages.rl_single.steps == 2
+
+
 @pytest.mark.parametrize("name", ["cascade_c2", "cascade_demo"])
 def test_mopd_distils_from_three_teachers_chosen_on_validation(name):
     cfg = configs.load(name)

@@ -296,14 +296,34 @@ def test_swe_agent_tiny_trains_multi_turn_and_evaluates_both_ways(tmp_path, run_
     proc = subprocess.run([sys.executable, "experiments/agent_report.py", str(tmp_path / "wd"),
                            f"--out={tmp_path / 'rep'}"], cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rep = json.load(open(tmp_path / "rep.json"))["runs"][0]["comparison"]
+    reps = json.load(open(tmp_path / "rep.json"))["runs"][0]["comparisons"]
+    assert len(reps) == 1  # the run's one arm pair
+    rep = reps[0]
     single = json.load(open(tmp_path / "wd" / "eval_scores" / "rl_single.json"))["swe@single"]
     multi = json.load(open(tmp_path / "wd" / "eval_scores" / "rl_multi.json"))["swe@multi"]
     assert rep["n"] == len(single) == len(multi) and rep["diff"] == pytest.approx(np.mean(multi) - np.mean(single))
     assert (tmp_path / "rep.png").exists()
-    bad = subprocess.run([sys.executable, "experiments/agent_report.py", str(tmp_path / "wd"), "--multi=nope@multi"],
-                         cwd=root, capture_output=True, text=True, timeout=300)
+    bad = subprocess.run([sys.executable, "experiments/agent_report.py", str(tmp_path / "wd"), "--multi=nope@multi",
+                          "--single=rl_single@single"], cwd=root, capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "nope" in bad.stderr
+
+
+def test_agent_report_pairs_every_rl_arm_with_its_repeat():
+    """swe_agent:rl_repeats's arms: the default pairs are each rl_single<sfx> with rl_multi<sfx> in run order; named
+    pairs are zipped; a pair naming one stage only, or lists of unequal length, are refused."""
+    import sys
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "experiments"))
+    from agent_report import arm_pairs
+
+    from nemocascade.errors import BadInput
+    stages = ["sft", "rl_single", "rl_multi", "rl_single_r2", "rl_multi_r2", "rl_single_r3"]  # r3's multi unfinished
+    assert arm_pairs(stages, "@single", "@multi") == [(("rl_single", "single"), ("rl_multi", "multi")),
+                                                     (("rl_single_r2", "single"), ("rl_multi_r2", "multi"))]
+    assert arm_pairs(stages, "sft@single,rl_single@single", "sft@multi,rl_multi@multi") == [
+        (("sft", "single"), ("sft", "multi")), (("rl_single", "single"), ("rl_multi", "multi"))]
+    for single, multi in (("@single", "rl_multi@multi"), ("a@single,b@single", "c@multi"), ("rl_single", "@multi")):
+        with pytest.raises(BadInput):
+            arm_pairs(stages, single, multi)
 
 
 def test_c2_prefilter_drops_always_solved_and_most_never_solved():

@@ -18,6 +18,11 @@ After every stage both ways are scored on the same held-out problems (greedy, n 
     python experiments/run.py --config=swe_agent
     python experiments/run.py --config=swe_agent:tiny     # seconds per stage, for CI
     python experiments/run.py --config=swe_agent:single_turn_sft   # SFT on first turns only (no retry_rate)
+    python experiments/run.py --config=swe_agent:rl_repeats   # + rl_single_r2/rl_multi_r2, rl_single_r3/rl_multi_r3
+
+Variant rl_repeats adds two more RL arm pairs, side branches from the same SFT checkpoint: a stage's data order and
+sampling RNG are seeded by its place in the run, so each pair is an independent RL repeat (RL seeds; the SFT is one).
+Added to a finished run's workdir they only train the new arms (`--allow_config_change=variant`).
 """
 import ml_collections
 
@@ -31,7 +36,7 @@ DOMAINS = {"swe": SWE, "swe_retry": SWE}  # swe_retry: second turns, SFT data on
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    tags = variants("swe_agent", arg, ("tiny", "single_turn_sft"))
+    tags = variants("swe_agent", arg, ("tiny", "single_turn_sft", "rl_repeats"))
     c = multi_base("swe_agent", DOMAINS)
     c.variant = arg
     c.tokenizer.update(vocab_size=768, corpus_size=2000)
@@ -73,4 +78,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.stages.rl_single.length_curriculum = ((0, 256),)
         c.eval.agents.single.max_new_tokens = 256
         c.eval.agents.multi.update(max_new_tokens=24, max_total_tokens=256)
+    if "rl_repeats" in tags:  # after "tiny": the repeats copy the arms as they stand
+        for r in REPEATS:
+            for arm in ("rl_single", "rl_multi"):
+                c.stages[f"{arm}_r{r}"] = ml_collections.ConfigDict(c.stages[arm].to_dict())
+        c.stage_order = c.stage_order + tuple(f"{arm}_r{r}" for r in REPEATS for arm in ("rl_single", "rl_multi"))
     return c
+
+
+REPEATS = (2, 3)  # rl_repeats' extra RL arm pairs; the default pair is repeat 1
