@@ -182,8 +182,9 @@ def data_seed(cfg) -> int:
     return cfg.seed if seed < 0 else int(seed)
 
 
-def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.RunContext:
-    """Everything a stage needs; the caller has validated `cfg` and holds the workdir (see `run`)."""
+def setup(cfg, workdir: str, config_name: str, variant: str | None, changes=()) -> common.RunContext:
+    """Everything a stage needs; the caller has validated `cfg` and holds the workdir (see `run`); `changes`: the
+    allowed config changes of a resume (a changed `variant` key among them lets the run log take the new variant)."""
     mesh = make_mesh(dict(cfg.mesh))
     data_dir = cfg.data.data_dir or os.path.join(workdir, "data")
     # process 0 builds the datasets (and trains the tokenizer) while the others wait, then they load them
@@ -200,7 +201,7 @@ def setup(cfg, workdir: str, config_name: str, variant: str | None) -> common.Ru
         tokenizer = hosts.lead_first("tokenizer", lambda: load_or_train(
             tok_path, _corpus(sources, cfg.tokenizer.corpus_size), cfg.tokenizer.vocab_size))
         model_cfg = ModelConfig.from_dict({**cfg.model.to_dict(), "vocab_size": tokenizer.vocab_size})
-    log = RunLog(workdir, config_name, variant, cfg.seed)
+    log = RunLog(workdir, config_name, variant, cfg.seed, variant_change=any(k == "variant" for k, _, _ in changes))
     hosts.barrier("run log read")  # every process starts from the same summary and metrics before any is written
     pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
     ctx = common.RunContext(cfg, workdir, mesh, model_cfg, tokenizer, sources, log,
@@ -417,7 +418,7 @@ def _locked(cfg, workdir, allow_changes, body):
 
 def _run_locked(cfg, workdir, config_name, variant, changes, redo_from=None) -> dict:
     t_start = time.time()
-    ctx = setup(cfg, workdir, config_name, variant)
+    ctx = setup(cfg, workdir, config_name, variant, changes)
     try:
         ckpt_dir = os.path.join(workdir, "checkpoints")
         if redo_from:
@@ -528,7 +529,7 @@ def _rescore_locked(cfg, workdir, config_name, variant, changes) -> dict:
     missing = [e["name"] for e in done if not files.exists(os.path.join(workdir, "checkpoints", "final", e["name"]))]
     if missing:
         raise BadInput(f"{workdir}: no final params for finished stage(s) {missing} under checkpoints/final")
-    ctx = setup(cfg, workdir, config_name, variant)
+    ctx = setup(cfg, workdir, config_name, variant, changes)
     try:
         workdir_lib.save_config(workdir, cfg.to_dict())
         ctx.log.record_config_changes(changes)

@@ -109,9 +109,13 @@ class RunLog:
     this workdir recorded (0 for a new one): a resumed run's total is it plus the resuming process's time.
     """
 
-    def __init__(self, workdir: str, config_name: str, variant: str | None, seed: int, writes: bool | None = None):
+    def __init__(self, workdir: str, config_name: str, variant: str | None, seed: int, writes: bool | None = None,
+                 variant_change: bool = False):
         """`writes`: whether this process writes the files (default: process 0 only; the others keep the same
-        summary and step bookkeeping in memory)."""
+        summary and step bookkeeping in memory). `variant_change`: the resumed config's `variant` key differs from
+        the recorded one and the caller allowed it (the rest of the config was compared key by key, e.g. a variant
+        that only adds stages at the end): the summary takes the new variant and lists the old in
+        `"variants_before"`."""
         self.workdir = workdir
         self.writes = hosts.is_lead() if writes is None else writes
         self._remote = not files.is_local(workdir)
@@ -129,6 +133,9 @@ class RunLog:
         if files.exists(self._summary_path):
             self.summary = files.read_json(self._summary_path)
             # Skipping "finished" stages of a different run would silently mix two experiments.
+            if variant_change and self.summary.get("variant") != variant:
+                self.summary.setdefault("variants_before", []).append(self.summary.get("variant"))
+                self.summary["variant"] = variant
             for key, want in (("config", config_name), ("variant", variant), ("seed", seed)):
                 if self.summary.get(key) != want:
                     raise BadInput(

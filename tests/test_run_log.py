@@ -204,6 +204,13 @@ def test_resume_keeps_stages_and_truncates_metrics(tmp_path):
 
     with pytest.raises(ValueError, match="seed=1, not 2"):
         RunLog(wd, "cascade", "tiny", 2)
+    with pytest.raises(ValueError, match="variant='tiny', not 'tiny,kl'"):  # unless the config check allowed it
+        RunLog(wd, "cascade", "tiny,kl", 1)
+    log = RunLog(wd, "cascade", "tiny,kl", 1, variant_change=True)  # e.g. a variant that adds stages at the end
+    assert log.summary["variant"] == "tiny,kl" and log.summary["variants_before"] == ["tiny"]
+    assert [s["name"] for s in log.summary["stages"]] == ["sft", "grpo"]  # finished stages kept
+    with pytest.raises(ValueError, match="seed=1, not 3"):  # a variant change allows nothing else
+        RunLog(wd, "cascade", "tiny,kl", 3, variant_change=True)
 
 
 def test_resumed_total_wall_time_adds_the_earlier_processes(tmp_path):
