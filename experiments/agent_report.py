@@ -130,6 +130,13 @@ def plot(reports: list[dict], out_png: str) -> None:
                         yerr=[[100 * row["pass@1"] - lo], [hi - 100 * row["pass@1"]]], capsize=4,
                         label=f"{c[name][1]}-turn agent after its RL" if j == 0 else None)
             labels.append(f"seed {rep['seed']}\n{c['single'][0]}\n{c['multi'][0]}")
+    first = reports[0]["rows"][0]["stage"] if reports[0]["rows"] else None  # the arms' start (sft), as reference
+    c0 = reports[0]["comparisons"][0]
+    for k, name in enumerate(("single", "multi")):
+        row = next((r for r in reports[0]["rows"] if (r["stage"], r["agent"]) == (first, c0[name][1])), None)
+        if row and first not in (c0["single"][0], c0["multi"][0]):
+            ax2.axhline(100 * row["pass@1"], color=("tab:gray", "tab:blue")[k], linestyle="--", linewidth=1,
+                        label=f"{c0[name][1]}-turn agent after {first}")
     ax2.set_xticks(range(len(labels)), labels, fontsize=7)
     ax2.set_ylabel("held-out pass@1 (%)")
     ax2.set_title("same token budget (95% intervals)")

@@ -79,6 +79,7 @@ def test_aggregate_with_init_a_missing_stage_and_one_seed():
     assert init_to_sft["ci95"] == pytest.approx([0.35 - T2 * 0.0707107 / 2 ** 0.5, 0.35 + T2 * 0.0707107 / 2 ** 0.5])
 
 
+@pytest.mark.slow  # ~60 s; the default suite reached 20.2 min idle (2026-12-06). Aggregation: the unit tests above
 def test_sweep_cli_runs_seeds_in_parallel_resumes_and_aggregates(tmp_path):
     wd = tmp_path / "sweep"
     cmd = [sys.executable, "experiments/sweep.py", "--config=sft_math:tiny", "--seeds=0,1", f"--workdir={wd}",
