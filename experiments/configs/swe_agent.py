@@ -32,6 +32,7 @@ from _common import grpo_stage, multi_base, variants
 from nemocascade.stages import common, sft
 
 RL_LR = 5e-5
+REPEATS = (2, 3)  # rl_repeats' extra RL arm pairs; the default pair is repeat 1
 BUDGET = 448  # tokens after the prompt: a repair turn is ~85 tokens, the environment's answer ~120
 TURN = 112
 SWE = dict(teacher_error_rate=0.3, wide=True, test_every=4)
@@ -92,6 +93,3 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                 c.stages[f"{arm}_r{r}"] = ml_collections.ConfigDict(c.stages[arm].to_dict())
         c.stage_order = c.stage_order + tuple(f"{arm}_r{r}" for r in REPEATS for arm in ("rl_single", "rl_multi"))
     return c
-
-
-REPEATS = (2, 3)  # rl_repeats' extra RL arm pairs; the default pair is repeat 1
