@@ -3,11 +3,16 @@
     one turn      `sampling.sample`: T x N tokens in one decode loop (the single-turn rollout of the same length)
     kept cache    `sampling.begin_episodes`, then T turns of `decode_turn` (N tokens each) with `append_observations`
                   of W observation tokens between them: one cache for the whole episode (rl/episodes.py)
+    turns only    the kept cache's T turns without the observations (their slots stay empty): the pause between
+                  turns without the cost of encoding what the environment said
     re-encode     T calls of `sampling.sample`, each prefilling the whole trajectory so far (prompt, turns and
                   observations) and decoding N tokens: what a sampler without a kept cache pays
 
     python benchmarks/episodes.py [--rows=64] [--prompt_len=128] [--turns=3] [--new=64] [--obs=64] [--reps=3]
-        [--d_model=128 --layers=4 --vocab=700]
+        [--d_model=128 --layers=4 --vocab=700] [--chunk=128]
+
+Each way is timed twice: with the dense decode attention (every step reads the whole cache) and with the chunked
+one (`--chunk` slots a read, up to the filled slots only: the CPU default, `sampling.ATTN_CHUNK`).
 
 No EOS (every row makes every token), random weights of the given size (speed does not depend on them), the
 environment instant (its time is the environment's, not the sampler's). One compile call, then `reps` timed calls;
@@ -47,7 +52,7 @@ def timed(fn, reps: int) -> tuple[float, list[float]]:
 def main():
     ap = argparse.ArgumentParser()
     for k, v in dict(rows=64, prompt_len=128, turns=3, new=64, obs=64, reps=3, d_model=128, layers=4,
-                     vocab=700).items():
+                     vocab=700, chunk=sampling.ATTN_CHUNK).items():
         ap.add_argument(f"--{k}", type=int, default=v)
     ap.add_argument("--out", default=None, help="write the result as JSON here")
     a = ap.parse_args()
@@ -63,43 +68,56 @@ def main():
     obs_lens = jnp.full((B,), W, jnp.int32)
     no_stop = np.asarray([-1], np.int32)
 
-    def one_turn(seed):
+    def one_turn(seed, chunk):
         return sampling.sample(params, cfg, prompts, lens, jax.random.key(seed), max_new_tokens=T * N,
-                               eos_id=-1).tokens
+                               eos_id=-1, chunk=chunk).tokens
 
-    def kept_cache(seed):
+    def kept_cache(seed, chunk, observe=True):
         ep = sampling.begin_episodes(params, cfg, prompts, lens, slots=T * (N + W))
         talking = jnp.ones((B,), bool)
         for t in range(T):
             ep = sampling.decode_turn(params, cfg, ep, talking, jax.random.key(seed * 10 + t), max_new_tokens=N,
-                                      budget=T * (N + W), stop_ids=no_stop)
-            if t + 1 < T:
-                ep = sampling.append_observations(params, cfg, ep, obs, obs_lens)
+                                      budget=T * (N + W), stop_ids=no_stop, chunk=chunk)
+            if t + 1 < T and observe:
+                ep = sampling.append_observations(params, cfg, ep, obs, obs_lens, chunk=chunk)
         return ep.tokens
 
-    def re_encode(seed):
+    def turns_only(seed, chunk):
+        return kept_cache(seed, chunk, observe=False)
+
+    def re_encode(seed, chunk):
         seq = prompts
         for t in range(T):
             out = sampling.sample(params, cfg, seq, jnp.full((B,), seq.shape[1], jnp.int32),
-                                  jax.random.key(seed * 10 + t), max_new_tokens=N, eos_id=-1)
+                                  jax.random.key(seed * 10 + t), max_new_tokens=N, eos_id=-1, chunk=chunk)
             seq = jnp.concatenate([seq, out.tokens] + ([obs] if t + 1 < T else []), axis=1)
         return seq
 
     model_tokens = B * T * N
     res = {"shape": vars(a), "backend": jax.default_backend(), "params": tf.count_params(params)}
-    for name, fn in (("one_turn", one_turn), ("kept_cache", kept_cache), ("re_encode", re_encode)):
-        compile_s, reps = timed(fn, a.reps)
-        res[name] = {"tok_s": model_tokens / statistics.median(reps), "rep_s": reps, "compile_s": compile_s}
-    for name in ("kept_cache", "re_encode"):
-        res[name]["vs_one_turn"] = res[name]["tok_s"] / res["one_turn"]["tok_s"]
-    res["kept_over_re_encode"] = res["kept_cache"]["tok_s"] / res["re_encode"]["tok_s"]
+    ways = ("one_turn", "turns_only", "kept_cache", "re_encode")
+    for attn, chunk in (("dense", 0), ("chunked", a.chunk)):
+        res[attn] = {}
+        for name, fn in zip(ways, (one_turn, turns_only, kept_cache, re_encode)):
+            compile_s, reps = timed(lambda seed: fn(seed, chunk), a.reps)  # noqa: B023
+            res[attn][name] = {"tok_s": model_tokens / statistics.median(reps), "rep_s": reps, "compile_s": compile_s}
+        for name in ways[1:]:
+            res[attn][name]["vs_one_turn"] = res[attn][name]["tok_s"] / res[attn]["one_turn"]["tok_s"]
+        res[attn]["kept_over_re_encode"] = res[attn]["kept_cache"]["tok_s"] / res[attn]["re_encode"]["tok_s"]
+    res["kept_chunked_over_dense_one_turn"] = res["chunked"]["kept_cache"]["tok_s"] / res["dense"]["one_turn"]["tok_s"]
     print(f"{B} rows, prompt {P}, {T} turns x {N} tokens, observations of {W}, {res['params'] / 1e6:.2f}M params "
           f"({jax.default_backend()}); model tokens/s, median of {a.reps}:")
-    for name in ("one_turn", "kept_cache", "re_encode"):
-        r = res[name]
-        extra = f"  ({r['vs_one_turn']:.2f}x one turn)" if "vs_one_turn" in r else ""
-        print(f"  {name:<11} {r['tok_s']:10.0f}{extra}")
-    print(f"  kept cache / re-encode: {res['kept_over_re_encode']:.2f}x")
+    print(f"  {'':<11} {'dense':>10} {'chunked ' + str(a.chunk):>22}")
+    for name in ways:
+        cells = []
+        for attn in ("dense", "chunked"):
+            r = res[attn][name]
+            cells.append(f"{r['tok_s']:10.0f}" + (f" ({r['vs_one_turn']:.2f}x)" if "vs_one_turn" in r else " " * 8))
+        print(f"  {name:<11} " + "    ".join(cells))
+    for attn in ("dense", "chunked"):
+        print(f"  {attn}: kept cache / re-encode {res[attn]['kept_over_re_encode']:.2f}x")
+    print(f"  kept cache chunked / one turn dense (the sampler before chunking): "
+          f"{res['kept_chunked_over_dense_one_turn']:.2f}x")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(res, f, indent=1)

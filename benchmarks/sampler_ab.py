@@ -5,6 +5,13 @@
       python benchmarks/sampler_ab.py /tmp/old /tmp/old_$r.json; python benchmarks/sampler_ab.py . /tmp/new_$r.json
     done
 
+Or the decode attention, dense against chunked, in one checkout (a fourth argument: `chunk`, 0 = dense):
+
+    for r in 1 2; do
+      python benchmarks/sampler_ab.py . /tmp/dense_$r.json /tmp/smollm2_hf 0
+      python benchmarks/sampler_ab.py . /tmp/chunked_$r.json /tmp/smollm2_hf 128
+    done
+
 REPO's nemocascade samples SmolLM2-135M (an HF directory, default /tmp/smollm2_hf, written by benchmarks/speed.py)
 at batch 1 / 8 / 32, 4 prompts x 8 samples and batch 8 at top-p 0.95: 64-token random prompts, 128 new tokens, no
 EOS; one compile call, then the median of 3 timed calls. Prints and writes tok/s per shape.
@@ -29,6 +36,7 @@ SHAPES = ((1, 1, 1.0), (8, 1, 1.0), (32, 1, 1.0), (4, 8, 1.0), (8, 1, 0.95))  # 
 
 def main():
     cfg, params = hf.load(sys.argv[3] if len(sys.argv) > 3 else "/tmp/smollm2_hf")
+    chunk = {"chunk": int(sys.argv[4])} if len(sys.argv) > 4 else {}  # (an older checkout's sample has no chunk)
     rng = np.random.default_rng(0)
     out = {}
     for p, g, top_p in SHAPES:
@@ -38,7 +46,7 @@ def main():
         def call(k):
             t = time.perf_counter()
             jax.block_until_ready(sampling.sample(params, cfg, toks, lens, jax.random.key(k), max_new_tokens=128,
-                                                  eos_id=-1, num_samples=g, top_p=top_p).tokens)
+                                                  eos_id=-1, num_samples=g, top_p=top_p, **chunk).tokens)
             return time.perf_counter() - t
 
         compile_s = call(0)

@@ -7,6 +7,12 @@ Returns, per response, the sampled tokens and the log-prob of each under the mod
 (`log_softmax(logits)`, the distribution the trainer's `forward` computes). With T = 1 and top-p = 1
 (GRPO's setting) this is the sampling distribution itself; the trainer compares it against its own
 full-forward log-probs as the sampler-vs-trainer mismatch metric (MOPD's pi_inf).
+
+Decode attention (`chunk`): on CPU each step reads the KV cache `ATTN_CHUNK` slots at a time and only up to the
+last filled slot (`blocks.cached_attention`), so a step costs what the filled slots cost, not the cache's length
+(benchmarks/episodes.py: a multi-turn episode's cache is mostly empty until its last turn). Elsewhere the default
+stays one dense pass over the whole cache: a loop of dynamic length in every layer of every step was not measured on
+an accelerator, where its iterations may cost more than the slots they skip. `chunk=0` forces the dense pass.
 """
 from __future__ import annotations
 
@@ -17,6 +23,16 @@ import jax
 import jax.numpy as jnp
 
 from nemocascade.models.transformer import ModelConfig, forward_cached, init_cache, left_pad_positions
+
+
+ATTN_CHUNK = 128  # cache slots per read of chunked decode attention (CPU default; 64 and 128 measured alike)
+
+
+def attn_chunk(chunk: int | None) -> int:
+    """The decode attention's chunk: `chunk` if given, else ATTN_CHUNK on CPU and 0 (dense) on accelerators."""
+    if chunk is not None:
+        return chunk
+    return ATTN_CHUNK if jax.default_backend() == "cpu" else 0
 
 
 PROMPT_BUCKET = 32  # callers pad a batch's prompts to a multiple of this (pipeline.encode_prompts(bucket=)), not
@@ -97,10 +113,10 @@ def _next_token(last, key, greedy: bool, temperature, top_p, top_k: int):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "num_samples", "top_k", "greedy",
-                                             "greedy_first"))
+                                             "greedy_first", "chunk"))
 def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new_tokens: int, eos_id,
            pad_id=0, temperature=1.0, top_p=1.0, top_k: int = 0, greedy: bool = False,
-           num_samples: int = 1, greedy_first: bool = False) -> Samples:
+           num_samples: int = 1, greedy_first: bool = False, chunk: int | None = None) -> Samples:
     """Sample `num_samples` responses for every left-padded prompt row.
 
     prompt_tokens [B, prompt_len] int32 (left padding), prompt_lens [B]. Each prompt is prefilled once and its
@@ -138,7 +154,7 @@ def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new
         alive = ~done
         done = done | (tok == eos_id)
         logits, cache = forward_cached(params, cfg, tok[:, None], (lens + i)[:, None], alive[:, None], cache,
-                                       prompt_len + i)
+                                       prompt_len + i, chunk=attn_chunk(chunk))
         return i + 1, cache, logits[:, -1], out_tok, out_lp, done, rng
 
     state = (jnp.int32(0), cache, share(logits[:, -1], 0), jnp.full((B, N), pad_id, jnp.int32),
@@ -215,9 +231,11 @@ def begin_episodes(params, cfg: ModelConfig, prompt_tokens, prompt_lens, *, slot
                     jnp.zeros((B, slots), jnp.float32), jnp.zeros((B,), bool))
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "top_k", "greedy"), donate_argnames=("ep",))
+@functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "top_k", "greedy", "chunk"),
+                   donate_argnames=("ep",))
 def decode_turn(params, cfg: ModelConfig, ep: Episodes, talking, rng, *, max_new_tokens: int, budget, stop_ids,
-                pad_id=0, temperature=1.0, top_p=1.0, top_k: int = 0, greedy: bool = False) -> Episodes:
+                pad_id=0, temperature=1.0, top_p=1.0, top_k: int = 0, greedy: bool = False,
+                chunk: int | None = None) -> Episodes:
     """One turn of the rows in `talking` [B] bool: each draws tokens until one of `stop_ids` (included), its
     `max_new_tokens` for this turn, its `budget` of tokens after the prompt, or the last slot. The other rows idle
     (empty slots). Returns the episodes with `talking` True on the rows that were cut by a limit."""
@@ -236,7 +254,8 @@ def decode_turn(params, cfg: ModelConfig, ep: Episodes, talking, rng, *, max_new
         tok, lp = _next_token(ep.last, key, greedy, temperature, top_p, top_k)
         tok = jnp.where(on, tok, pad_id)
         j = ep.t - prompt_len
-        logits, cache = forward_cached(params, cfg, tok[:, None], ep.pos[:, None], on[:, None], ep.cache, ep.t)
+        logits, cache = forward_cached(params, cfg, tok[:, None], ep.pos[:, None], on[:, None], ep.cache, ep.t,
+                                       chunk=attn_chunk(chunk))
         used = ep.used + on
         stopped = on & jnp.any(tok[:, None] == stop_ids[None, :], axis=1)
         ep = ep._replace(
@@ -249,8 +268,9 @@ def decode_turn(params, cfg: ModelConfig, ep: Episodes, talking, rng, *, max_new
     return ep
 
 
-@functools.partial(jax.jit, static_argnames=("cfg",), donate_argnames=("ep",))
-def append_observations(params, cfg: ModelConfig, ep: Episodes, obs_tokens, obs_lens) -> Episodes:
+@functools.partial(jax.jit, static_argnames=("cfg", "chunk"), donate_argnames=("ep",))
+def append_observations(params, cfg: ModelConfig, ep: Episodes, obs_tokens, obs_lens,
+                        chunk: int | None = None) -> Episodes:
     """Write each row's observation (`obs_tokens` [B, W], its first `obs_lens` [B] tokens real; 0 = none) into the
     next W slots and encode them in one pass; a row's next token is then drawn after its observation's last token.
     The caller checks that W slots are left."""
@@ -259,7 +279,7 @@ def append_observations(params, cfg: ModelConfig, ep: Episodes, obs_tokens, obs_
     lens = obs_lens.astype(jnp.int32)
     valid = jnp.arange(W)[None, :] < lens[:, None]
     logits, cache = forward_cached(params, cfg, obs_tokens, ep.pos[:, None] + jnp.arange(W)[None, :], valid,
-                                   ep.cache, ep.t)
+                                   ep.cache, ep.t, chunk=attn_chunk(chunk))
     at_last = jnp.take_along_axis(logits, jnp.maximum(lens - 1, 0)[:, None, None], axis=1)[:, 0]
     j = ep.t - prompt_len
     put = lambda a, x: jax.lax.dynamic_update_slice_in_dim(a, x.astype(a.dtype), j, axis=1)  # noqa: E731

@@ -31,13 +31,13 @@ def _left_pad(prompts, width):
     return toks, np.asarray([len(p) for p in prompts], np.int32)
 
 
-def _three_turns(params, prompts, obs_by_turn, G=2, max_new=6, budget=40):
+def _three_turns(params, prompts, obs_by_turn, G=2, max_new=6, budget=40, chunk=None):
     toks, lens = _left_pad(prompts, 5)
     ep = sampling.begin_episodes(params, CFG, jnp.asarray(toks), jnp.asarray(lens), slots=64, num_samples=G)
     talking = np.ones(len(prompts) * G, bool)
     for turn, obs in enumerate(obs_by_turn + [None]):
         ep = sampling.decode_turn(params, CFG, ep, jnp.asarray(talking), jax.random.key(turn), max_new_tokens=max_new,
-                                  budget=budget, stop_ids=np.asarray(STOPS, np.int32), greedy=True)
+                                  budget=budget, stop_ids=np.asarray(STOPS, np.int32), greedy=True, chunk=chunk)
         if obs is None:
             break
         width = max(len(o) for o in obs) + 3  # right padding inside the chunk too
@@ -46,19 +46,21 @@ def _three_turns(params, prompts, obs_by_turn, G=2, max_new=6, budget=40):
             obs_tok[b, :len(o)] = o
         talking = np.asarray([len(o) > 0 for o in obs])  # a row without an observation ended its episode
         ep = sampling.append_observations(params, CFG, ep, jnp.asarray(obs_tok),
-                                          jnp.asarray([len(o) for o in obs], np.int32))
+                                          jnp.asarray([len(o) for o in obs], np.int32), chunk=chunk)
     return ep, toks, lens
 
 
-def test_kv_cache_across_turns_equals_reencoding_the_whole_trajectory():
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_kv_cache_across_turns_equals_reencoding_the_whole_trajectory(chunk):
     """Three greedy turns with observations of different lengths (one row's episode ends after turn 1): every
     model token is the argmax of ONE full forward pass over the compacted trajectory before it (prompt, turns,
-    observations, no empty slots), and its log-prob is that pass's log-softmax."""
+    observations, no empty slots), and its log-prob is that pass's log-softmax. Dense cache attention and chunked
+    (16 slots a read, up to the filled ones) alike."""
     params = _params()
     prompts = [[3, 5, 6, 9, 2], [7, 8]]
     obs1 = [[10, 11, 12], [13], [14, 15, 16, 17, 18], []]
     obs2 = [[19], [20, 21], [22, 10, 11, 12, 13, 14], []]
-    ep, toks, lens = _three_turns(params, prompts, [obs1, obs2])
+    ep, toks, lens = _three_turns(params, prompts, [obs1, obs2], chunk=chunk)
     traj = episodes.Trajectories(np.repeat(toks, 2, 0), np.repeat(lens, 2, 0), *map(np.asarray, (
         ep.tokens, ep.kind, ep.logprobs)), rewards=np.zeros(4), turns=np.zeros(4), tool_errors=np.zeros(4),
         done=np.zeros(4, bool), env_s=0.0, texts=[])

@@ -24,8 +24,11 @@ def _params(cfg, seed=0):
     return jax.tree.unflatten(treedef, leaves)
 
 
+@pytest.mark.parametrize("chunk", [0, 4])
 @pytest.mark.parametrize("name", sorted(CFGS))
-def test_kv_cache_decode_matches_full_forward(name):
+def test_kv_cache_decode_matches_full_forward(name, chunk):
+    """Dense (chunk 0) and chunked cache attention (4 slots a read over an 11-slot cache: the last read overlaps the
+    one before) both give the full pass's logits."""
     cfg = CFGS[name]
     params = _params(cfg)
     B, prompt_len, N = 3, 5, 6
@@ -41,18 +44,42 @@ def test_kv_cache_decode_matches_full_forward(name):
 
     cache = tf.init_cache(cfg, B, prompt_len + N)
     logits, cache = tf.forward_cached(params, cfg, jnp.asarray(tokens[:, :prompt_len]), pos[:, :prompt_len],
-                                      jnp.asarray(valid), cache, 0)
+                                      jnp.asarray(valid), cache, 0, chunk=chunk)
     step_logits = [logits[:, -1]]
     for i in range(N - 1):
         t = prompt_len + i
         lg, cache = tf.forward_cached(params, cfg, jnp.asarray(tokens[:, t:t + 1]), pos[:, t:t + 1],
-                                      jnp.ones((B, 1), bool), cache, t)
+                                      jnp.ones((B, 1), bool), cache, t, chunk=chunk)
         step_logits.append(lg[:, -1])
     decoded = np.stack(step_logits, 1)
     ref = np.asarray(full[:, prompt_len - 1:prompt_len + N - 1])
     assert np.max(np.abs(decoded - ref)) <= 1e-5
     # prefill logits on valid prompt tokens equal the full pass too
     np.testing.assert_allclose(np.asarray(logits)[valid], np.asarray(full[:, :prompt_len])[valid], atol=1e-5)
+
+
+def test_chunked_cache_attention_matches_numpy_softmax_and_gives_idle_rows_zero():
+    """`cached_attention` against a numpy softmax over each query's visible slots (valid and at or before its own),
+    read in chunks of 3 from a 10-slot cache up to slot start + T only; a row with no valid slot gets 0, not NaN."""
+    from nemocascade.models import blocks
+    rng = np.random.default_rng(0)
+    L, B, S, K, G, Dh, T, start = 2, 3, 10, 2, 2, 4, 2, 5
+    ck, cv = (rng.normal(size=(L, B, S, K, Dh)).astype(np.float32) for _ in range(2))
+    q = rng.normal(size=(B, T, K * G, Dh)).astype(np.float32)
+    valid = rng.random((B, S)) < 0.7
+    valid[:, start:start + T] = True
+    valid[2] = False  # an idle row
+    ck[1, :, start + T:] = 1e3  # slots past the queries must never be read into the result
+    out = np.asarray(blocks.cached_attention(jnp.asarray(q), jnp.asarray(ck), jnp.asarray(cv), 1, jnp.asarray(valid),
+                                             start, 3))
+    for b in range(2):
+        for t in range(T):
+            for h in range(K * G):
+                see = valid[b] & (np.arange(S) <= start + t)
+                s = ck[1, b, see, h // G] @ q[b, t, h] / np.sqrt(Dh)
+                w = np.exp(s - s.max())
+                np.testing.assert_allclose(out[b, t, h], (w / w.sum()) @ cv[1, b, see, h // G], atol=1e-5)
+    assert np.all(out[2] == 0)
 
 
 def test_left_padding_does_not_change_logits():

@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from nemocascade import sampling
 from nemocascade.models import transformer as tf
@@ -46,9 +47,11 @@ def test_greedy_equals_argmax_loop_over_full_forward():
     assert len(set(np.asarray(out.tokens[0]).tolist())) > 1
 
 
-def test_long_greedy_decode_equals_one_full_forward():
-    """80 greedy tokens from a prefill that attends over the prompt's slots only and a decode over the cache: every
-    token is the argmax of one causal forward pass over prompt + response, its log-prob too."""
+@pytest.mark.parametrize("chunk", [0, 16])
+def test_long_greedy_decode_equals_one_full_forward(chunk):
+    """80 greedy tokens from a prefill that attends over the prompt's slots only and a decode over the cache (dense,
+    or read 16 slots at a time up to the filled ones): every token is the argmax of one causal forward pass over
+    prompt + response, its log-prob too."""
     params = _params()
     prompts = [[3, 4, 5, 6, 9], [7, 8]]
     N = 80
@@ -56,7 +59,7 @@ def test_long_greedy_decode_equals_one_full_forward():
     for b, p in enumerate(prompts):
         toks[b, 5 - len(p):] = p
     out = sampling.sample(params, CFG, jnp.asarray(toks), jnp.asarray([5, 2]), jax.random.key(0),
-                          max_new_tokens=N, eos_id=-1, greedy=True)
+                          max_new_tokens=N, eos_id=-1, greedy=True, chunk=chunk)
     for b, p in enumerate(prompts):
         resp = np.asarray(out.tokens[b]).tolist()
         logits = tf.forward(params, CFG, jnp.asarray([p + resp], jnp.int32))[0, len(p) - 1:-1]
@@ -203,3 +206,9 @@ def test_left_padding_width_does_not_change_the_samples():
     b = sampling.sample(params, CFG, padded(10), lens, jax.random.key(3), **kw)
     assert np.asarray(a.tokens).tolist() == np.asarray(b.tokens).tolist()
     np.testing.assert_allclose(np.asarray(a.logprobs), np.asarray(b.logprobs), rtol=1e-5, atol=1e-5)
+
+
+def test_chunked_decode_attention_is_the_cpu_default_only(monkeypatch):
+    assert sampling.attn_chunk(None) == sampling.ATTN_CHUNK and sampling.attn_chunk(0) == 0
+    monkeypatch.setattr(sampling.jax, "default_backend", lambda: "gpu")
+    assert sampling.attn_chunk(None) == 0 and sampling.attn_chunk(32) == 32

@@ -74,6 +74,49 @@ def attention(q, k, v, mask):
     return out.reshape(B, T, H, Dh)
 
 
+class CachedMask(NamedTuple):
+    """The mask of a cached pass whose attention reads the cache `chunk` slots at a time, up to the last slot its
+    queries fill (`cached_attention`), in place of a dense [B, T, S] mask."""
+    valid: jax.Array  # [B, S] bool: the cache's valid slots, the pass's own tokens included
+    chunk: int  # static
+
+
+def cached_attention(q, ck, cv, layer, valid, start, chunk: int):
+    """Attention of q [B, T, H, Dh], the tokens at cache slots [start, start + T), over layer `layer` of the caches
+    ck, cv [L, B, S, K, Dh]: each query sees the valid slots at or before its own. The cache is read `chunk` slots
+    at a time (online softmax, float32) and only up to slot start + T: the cost follows the filled part of the
+    cache, not its length (a multi-turn episode's cache is mostly empty until its last turn)."""
+    B, T, H, Dh = q.shape
+    S, K = ck.shape[2], ck.shape[3]
+    C = min(chunk, S)
+    q = q.reshape(B, T, K, H // K, Dh)
+    query_slots = start + jnp.arange(T)
+    read = lambda c, off: jax.lax.dynamic_slice(c, (layer, 0, off, 0, 0), (1, B, C, K, Dh))[0]  # noqa: E731
+
+    def body(c, carry):
+        m, l, acc = carry
+        lo = c * C
+        off = jnp.minimum(lo, S - C)  # the last chunk may overlap the one before: its repeated slots are masked
+        slots = off + jnp.arange(C)
+        ok = (slots[None, :] <= query_slots[:, None]) & (slots >= lo)[None, :]
+        ok = (ok[None] & jax.lax.dynamic_slice_in_dim(valid, off, C, axis=1)[:, None, :])[:, None, None]
+        k, v = read(ck, off), read(cv, off)
+        scores = jnp.einsum("btkgd,bckd->bkgtc", q, k, preferred_element_type=jnp.float32) / (Dh ** 0.5)
+        m_new = jnp.maximum(m, jnp.max(jnp.where(ok, scores, _NEG_INF), axis=-1))
+        p = jnp.where(ok, jnp.exp(scores - m_new[..., None]), 0.0)
+        scale = jnp.exp(m - m_new)
+        acc = acc * scale[..., None] + jnp.einsum("bkgtc,bckd->bkgtd", p.astype(v.dtype), v,
+                                                  preferred_element_type=jnp.float32)
+        return m_new, l * scale + jnp.sum(p, axis=-1), acc
+
+    G = H // K
+    init = (jnp.full((B, K, G, T), _NEG_INF, jnp.float32), jnp.zeros((B, K, G, T), jnp.float32),
+            jnp.zeros((B, K, G, T, Dh), jnp.float32))
+    _, l, acc = jax.lax.fori_loop(0, (start + T + C - 1) // C, body, init)
+    out = acc / jnp.maximum(l, 1e-30)[..., None]  # a row with no valid slot (an idle row) gets 0, never NaN
+    return out.transpose(0, 3, 1, 2, 4).reshape(B, T, H, Dh).astype(cv.dtype)
+
+
 def mlp(cfg: ModelConfig, x, p, prefix: str, dt):
     """The MLP whose weights are p[prefix + gate/up/down], on x [..., D]: SwiGLU, silu(x gate) * (x up) then
     down; or with mlp_act "relu2", relu(x up)^2 then down."""
@@ -206,6 +249,9 @@ def attend(cfg: ModelConfig, h, p, positions, mask, kv=None, start=None):
         ck, cv, layer = kv
         ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, start, 0, 0))
         cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, start, 0, 0))
+        if isinstance(mask, CachedMask):
+            out = cached_attention(q, ck, cv, layer, mask.valid, start, mask.chunk)
+            return jnp.einsum("bthk,hkd->btd", out, w("wo")), (ck, cv)
         # attend over the first mask.shape[-1] slots only (the caller's static bound on the filled ones)
         S = mask.shape[-1]
         visible = lambda c: jax.lax.dynamic_slice(c, (layer, 0, 0, 0, 0), (1, c.shape[1], S) + c.shape[3:])[0]  # noqa: E731

@@ -30,8 +30,9 @@ import jax
 import jax.numpy as jnp
 
 from nemocascade.models import hybrid
-from nemocascade.models.blocks import (KVCache, RouterStats, _no_stats, attend, attention, load_balancing_loss,  # noqa: F401
-                                       mlp, mlp_axes, mlp_shapes, moe, moe_axes, moe_shapes, rms_norm, rope, route)
+from nemocascade.models.blocks import (CachedMask, KVCache, RouterStats, _no_stats, attend, attention,  # noqa: F401
+                                       load_balancing_loss, mlp, mlp_axes, mlp_shapes, moe, moe_axes, moe_shapes,
+                                       rms_norm, rope, route)
 
 Params = dict[str, Any]
 
@@ -357,7 +358,7 @@ def head_logprobs(params: Params, cfg: ModelConfig, h, targets, chunk: int):
 
 
 def forward_cached(params: Params, cfg: ModelConfig, tokens, positions, valid, cache: KVCache, start,
-                   last_only: bool = False, seen: int = 0):
+                   last_only: bool = False, seen: int = 0, chunk: int = 0):
     """(logits [B, T, vocab] float32, new cache) for `tokens` [B, T] written to cache slots [start, start+T).
 
     Each token attends to every valid cached slot at or before its own. This is both prefill (start=0,
@@ -365,13 +366,18 @@ def forward_cached(params: Params, cfg: ModelConfig, tokens, positions, valid, c
     `last_only`: logits of the last column only ([B, 1, vocab]): a prefill needs no more, and the LM head over
     every prompt position would cost T x vocab x d_model per row.
     `seen` (static, 0 = the whole cache): attention reads only cache slots [0, seen), which must include
-    [start, start+T); a decode loop raises it block by block so early steps do not read the empty cache.
+    [start, start+T) (a prefill's bound).
+    `chunk` (static, 0 = off): attention reads the cache `chunk` slots at a time and only up to slot start + T
+    (`blocks.cached_attention`): decoding then costs what the filled slots cost, whatever the cache's length.
     """
     T = tokens.shape[1]
     kv_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, start, axis=1)
-    slots = jnp.arange(seen or cache.valid.shape[1])
-    query_slots = start + jnp.arange(T)
-    mask = (slots[None, :] <= query_slots[:, None])[None] & kv_valid[:, None, :slots.shape[0]]
+    if chunk and cache.valid.shape[1] > chunk:  # (a cache of one chunk is read whole, without the loop)
+        mask = CachedMask(kv_valid, chunk)
+    else:
+        slots = jnp.arange(seen or cache.valid.shape[1])
+        query_slots = start + jnp.arange(T)
+        mask = (slots[None, :] <= query_slots[:, None])[None] & kv_valid[:, None, :slots.shape[0]]
     if cfg.layer_pattern:  # the hybrid decoder reads and returns the whole cache (its Mamba-2 states too)
         h, new, _ = _decoder(params, cfg, tokens, positions, mask, cache, start, valid)
         return lm_head(params, cfg, h[:, -1:] if last_only else h), new._replace(valid=kv_valid)
