@@ -3,14 +3,14 @@ stage's held-out scores of "<domain>@<agent>" (config.eval.agents) in summary.js
 
     python experiments/agent_report.py runs/swe_agent_s0 [runs/swe_agent_s1 ...] --out=docs/swe_agent
 
-Prints, per run, every stage scored by every agent (pass@1 with its 95% interval, n, mean turns, tool errors per
-episode, the model's tokens) and the comparison the config is built for: `--multi` stage as the multi-turn agent
-against `--single` stage as the single-turn agent, on the same items (paired bootstrap interval of the
-difference), and over every comparison (Student t over seeds and RL repeats, with two or more). `--single` and
-`--multi` take comma lists of equal length, compared pair by pair; by default every arm pair the run has:
-rl_single<sfx>@single against rl_multi<sfx>@multi for each suffix (swe_agent:rl_repeats's `_r2`, `_r3`: RL repeats
-from the same SFT). Writes OUT.md, OUT.json and OUT.png (the turn distribution of each stage's multi-turn agent, and
-each comparison).
+Prints, per run, every stage scored by every agent (pass@1 with its 95% interval, n, avg@k where the agent's
+`avg_k` asked for it, mean turns, tool errors per episode, the model's tokens) and the comparison the config is
+built for: `--multi` stage as the multi-turn agent against `--single` stage as the single-turn agent, on the same
+items (paired bootstrap interval of the difference; of avg@k too where both have it), and over every comparison
+(Student t over seeds and RL repeats, with two or more). `--single` and `--multi` take comma lists of equal length,
+compared pair by pair; by default every arm pair the run has: rl_single<sfx>@single against rl_multi<sfx>@multi for
+each suffix (swe_agent:rl_repeats's `_r2`, `_r3`: RL repeats from the same SFT). Writes OUT.md, OUT.json and
+OUT.png (the turn distribution of each stage's multi-turn agent, and each comparison).
 """
 import argparse
 import json
@@ -70,7 +70,8 @@ def run_report(workdir: str, domain: str, single: str, multi: str) -> dict:
                 rows.append({"stage": st["name"], "agent": key.split("@", 1)[1], "pass@1": ev["pass@1"],
                              "ci95": ev["ci95"], "n": ev["n"], "turns": ev["turns"], "turns_frac": ev["turns_frac"],
                              "tool_errors": ev["tool_errors"], "mean_len": ev["mean_len"],
-                             "val": st.get("val", {}).get(key, {}).get("pass@1")})
+                             "val": st.get("val", {}).get(key, {}).get("pass@1"),
+                             "avg@k": ev.get("avg@k"), "avg@k_ci95": ev.get("avg@k_ci95"), "k": ev.get("k")})
     stages = [st["name"] for st in summary["stages"]]
     comparisons = []
     pairs = arm_pairs(stages, single, multi)
@@ -86,22 +87,29 @@ def run_report(workdir: str, domain: str, single: str, multi: str) -> dict:
         diff, ci = stats.paired_diff_ci95(a, b)
         comparisons.append({"single": list(one), "multi": list(many), "n": len(a), "single_pass@1": sum(a) / len(a),
                             "multi_pass@1": sum(b) / len(b), "diff": diff, "diff_ci95": ci})
+        a_k, b_k = (scores[st].get(f"avg@k/{domain}@{ag}") for st, ag in (one, many))
+        if a_k and b_k:  # both sides also scored sampled (an agent's avg_k): the same comparison on avg@k
+            comparisons[-1]["avg@k_diff"], comparisons[-1]["avg@k_diff_ci95"] = stats.paired_diff_ci95(a_k, b_k)
     return {"workdir": workdir, "seed": summary.get("seed"), "rows": rows, "comparisons": comparisons}
 
 
 def table(rep: dict) -> str:
     lines = [f"### {rep['workdir']} (seed {rep['seed']})", "",
-             "| stage | agent | pass@1 (test) | n | val | turns | turn shares 1/2/3 | tool errors | model tokens |",
-             "|:--|:--|:--|--:|--:|--:|:--|--:|--:|"]
+             "| stage | agent | pass@1 (test) | n | val | avg@k (test) | turns | turn shares 1/2/3 | tool errors | "
+             "model tokens |",
+             "|:--|:--|:--|--:|--:|:--|--:|:--|--:|--:|"]
     for r in rep["rows"]:
         shares = " / ".join(f"{100 * v:.0f}" for v in r["turns_frac"].values())
         val = f"{100 * r['val']:.1f}" if r["val"] is not None else "-"
+        avg = (f"{stats.percent(r['avg@k'], r['avg@k_ci95'])} (k={r['k']})" if r.get("avg@k") is not None else "-")
         lines.append(f"| {r['stage']} | {r['agent']} | {stats.percent(r['pass@1'], r['ci95'])} | {r['n']} | {val} | "
-                     f"{r['turns']:.2f} | {shares} | {r['tool_errors']:.2f} | {r['mean_len']:.0f} |")
+                     f"{avg} | {r['turns']:.2f} | {shares} | {r['tool_errors']:.2f} | {r['mean_len']:.0f} |")
     lines.append("")
     for c in rep["comparisons"]:
         lines.append(f"{c['multi'][0]}@{c['multi'][1]} minus {c['single'][0]}@{c['single'][1]} on the same {c['n']} "
-                     f"test items: {stats.percent(c['diff'], c['diff_ci95'], signed=True)} (paired bootstrap)  ")
+                     f"test items: {stats.percent(c['diff'], c['diff_ci95'], signed=True)} (paired bootstrap)"
+                     + (f"; avg@k {stats.percent(c['avg@k_diff'], c['avg@k_diff_ci95'], signed=True)}"
+                        if "avg@k_diff" in c else "") + "  ")
     return "\n".join(lines)
 
 

@@ -70,6 +70,12 @@ def validate(cfg) -> None:
     if sampled["avg_k"] < 0 or not sampled["temperature"] > 0 or not 0 < sampled["top_p"] <= 1:
         raise BadInput("config.eval: avg_k must be >= 0 (0: greedy only), temperature > 0 and 0 < top_p <= 1; got "
                        + ", ".join(f"{k}={v}" for k, v in sampled.items()))
+    for name, agent in cfg.eval.get("agents", {}).items():
+        unknown = sorted(set(agent) - set(AGENT_KEYS))
+        if unknown:
+            raise BadInput(f"config.eval.agents.{name}: unknown key(s) {unknown}; known: {list(AGENT_KEYS)}")
+        if agent.get("avg_k", 0) < 0:
+            raise BadInput(f"config.eval.agents.{name}.avg_k must be >= 0 (0: greedy only), got {agent.avg_k}")
     if cfg.eval.get("avg_k_domains", "trained") not in AVG_K_DOMAINS:
         raise BadInput(f"config.eval.avg_k_domains={cfg.eval.avg_k_domains!r}: one of {AVG_K_DOMAINS}")
     for set_name in cfg.eval.get("sets", {}):
@@ -229,10 +235,10 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
     out = {}
     n = ctx.cfg.eval.n if split == "test" else ctx.cfg.eval.get("val_n", VAL_N)
     sampled, sampled_domains = _eval_sampling(ctx.cfg), ()
+    rl = stage is not None and "temperature" in stage
+    if rl:  # an RL stage samples at its own settings
+        sampled |= {"temperature": stage.temperature, "top_p": stage.top_p}
     if split == "test" and sampled["avg_k"]:
-        rl = stage is not None and "temperature" in stage
-        if rl:  # an RL stage samples at its own settings
-            sampled |= {"temperature": stage.temperature, "top_p": stage.top_p}
         own_only = rl and ctx.cfg.eval.get("avg_k_domains", "trained") == "trained"
         sampled_domains = tuple(stage.domains if own_only else ctx.cfg.data.domains)
     for i, domain in enumerate(ctx.cfg.data.domains):
@@ -246,7 +252,8 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
         out[f"{domain}@{name}"] = evaluation.evaluate_episodes(
             params, ctx.model_cfg, ctx.tokenizer, records, [envs.env_name(domain, agent.get("envs"))] * len(records),
             agent_settings(ctx, agent), batch_size=ctx.cfg.eval.batch_size, rng=jax.random.key(2000 + i),
-            mesh=ctx.mesh, desc=f"eval {split} {domain}@{name}")
+            mesh=ctx.mesh, desc=f"eval {split} {domain}@{name}", temperature=sampled["temperature"],
+            top_p=sampled["top_p"], avg_k=agent.get("avg_k", 0) if split == "test" else 0)
     for name, sc in ctx.cfg.eval.get("sets", {}).items() if split == "test" else ():
         settings = common.eval_settings(ctx) | {k: sc[k] for k in ("max_prompt_len", "max_new_tokens") if k in sc}
         if name not in ctx.eval_sets:
@@ -261,10 +268,14 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
     return out, items
 
 
+AGENT_KEYS = ("max_turns", "max_new_tokens", "max_total_tokens", "max_obs_tokens", "envs", "avg_k")
+
+
 def agent_evals(cfg) -> list[tuple]:
     """(domain, name, settings) of every agent evaluation `config.eval.agents` names (name -> {max_turns,
-    max_new_tokens per turn, max_total_tokens, max_obs_tokens, envs}), on each run domain with an environment:
-    scored as "<domain>@<name>"."""
+    max_new_tokens per turn, max_total_tokens, max_obs_tokens, envs, avg_k}), on each run domain with an
+    environment: scored as "<domain>@<name>". `avg_k` (default 0) > 0: on test also avg@k, k sampled episodes per
+    item at the eval's (after an RL stage: that stage's) temperature and top-p."""
     return [(d, name, a) for name, a in cfg.eval.get("agents", {}).items() for d in cfg.data.domains
             if envs.env_name(d, a.get("envs"))]
 

@@ -2,6 +2,7 @@
 domain's reward in the verifier pool, report pass@1 (mean reward) and n."""
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import jax
@@ -106,33 +107,49 @@ def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_pro
 
 
 def evaluate_episodes(params, model_cfg, tokenizer, records, env_names, settings, *, batch_size, rng, mesh=None,
-                      desc=None):
+                      desc=None, avg_k=0, temperature=1.0, top_p=1.0):
     """Multi-turn agents on `records` (greedy, `settings`: rl/episodes.Settings), each in its environment
     `env_names[i]`; the episode's reward is the score. Returns `evaluate`'s keys ("pass@1", "n", "ci95",
     "mean_len" = the model's tokens, "scores") and the agent's: "turns" (mean), "turns_frac" {k: share of episodes
-    with k turns}, "tool_errors" (mean per episode), "done_rate" (the environment ended the episode)."""
+    with k turns}, "tool_errors" (mean per episode), "done_rate" (the environment ended the episode).
+
+    With `avg_k` > 0 also avg@k as `evaluate` gives it ("avg@k", "k", "avg@k_ci95", "avg@k_scores"): `avg_k`
+    episodes per record sampled at `temperature` / `top_p` (the policy RL optimises, which greedy decoding hides),
+    each record's mean reward, the interval over records."""
     from nemocascade.rl import episodes
 
+    def batches(per_batch, sampled):
+        starts = range(0, len(records), per_batch)
+        for start in progress(starts, desc=desc + (f" avg@{avg_k}" if sampled else "")) if desc else starts:
+            chunk, names = records[start:start + per_batch], env_names[start:start + per_batch]
+            pad = per_batch - len(chunk)  # one compiled shape: the last batch repeats its last record
+            yield len(chunk), episodes.run_episodes(
+                params, model_cfg, tokenizer, chunk + [chunk[-1]] * pad, names + [names[-1]] * pad,
+                dataclasses.replace(settings, greedy=False, temperature=temperature, top_p=top_p) if sampled
+                else settings, jax.random.fold_in(rng, start + (len(records) if sampled else 0)), mesh,
+                num_samples=avg_k if sampled else 1)
+
     scores, model_tokens, turns, errors, done = [], [], [], [], []
-    starts = range(0, len(records), batch_size)
-    for start in progress(starts, desc=desc) if desc else starts:
-        chunk, names = records[start:start + batch_size], env_names[start:start + batch_size]
-        pad = batch_size - len(chunk)  # one compiled shape: the last batch repeats its last record
-        traj = episodes.run_episodes(params, model_cfg, tokenizer, chunk + [chunk[-1]] * pad, names + [names[-1]] * pad,
-                                     settings, jax.random.fold_in(rng, start), mesh)
-        n = len(chunk)
+    for n, traj in batches(batch_size, False):
         scores += traj.rewards[:n].tolist()
         model_tokens += traj.model_tokens[:n].tolist()
         turns += traj.turns[:n].tolist()
         errors += traj.tool_errors[:n].tolist()
         done += traj.done[:n].tolist()
     turns_arr = np.asarray(turns)
-    return {"pass@1": float(np.mean(scores)) if scores else 0.0, "n": len(records), "ci95": stats.mean_ci95(scores),
-            "mean_len": float(np.mean(model_tokens)) if scores else 0.0, "scores": [float(s) for s in scores],
-            "turns": float(turns_arr.mean()) if scores else 0.0,
-            "turns_frac": {str(k): float((turns_arr == k).mean()) for k in range(1, settings.max_turns + 1)},
-            "tool_errors": float(np.mean(errors)) if scores else 0.0,
-            "done_rate": float(np.mean(done)) if scores else 0.0}
+    out = {"pass@1": float(np.mean(scores)) if scores else 0.0, "n": len(records), "ci95": stats.mean_ci95(scores),
+           "mean_len": float(np.mean(model_tokens)) if scores else 0.0, "scores": [float(s) for s in scores],
+           "turns": float(turns_arr.mean()) if scores else 0.0,
+           "turns_frac": {str(k): float((turns_arr == k).mean()) for k in range(1, settings.max_turns + 1)},
+           "tool_errors": float(np.mean(errors)) if scores else 0.0,
+           "done_rate": float(np.mean(done)) if scores else 0.0}
+    if avg_k > 0 and records:
+        per_record = []
+        for n, traj in batches(max(1, batch_size // avg_k), True):
+            per_record += traj.rewards[:n * avg_k].reshape(n, avg_k).mean(axis=1).tolist()
+        out |= {"avg@k": float(np.mean(per_record)), "k": int(avg_k), "avg@k_ci95": stats.mean_ci95(per_record),
+                "avg@k_scores": [float(x) for x in per_record]}
+    return out
 
 
 # Real evaluation sets any config can name in `config.eval.sets` (name -> settings), evaluated after every

@@ -110,6 +110,20 @@ def test_swe_agent_rl_repeats_are_the_same_arms_at_new_places_in_the_run():
     assert tiny.stages.rl_single_r2.steps == tiny.stages.rl_single.steps == 2
 
 
+def test_an_agent_evaluations_bad_key_is_named():
+    from nemocascade.errors import BadInput
+    cfg = configs.load("swe_agent")
+    with cfg.unlocked():
+        cfg.eval.agents.multi.avg_kk = 4
+    with pytest.raises(BadInput, match=r"config\.eval\.agents\.multi: unknown key\(s\) \['avg_kk'\]"):
+        cascade.validate(cfg)
+    cfg = configs.load("swe_agent")
+    with cfg.unlocked():
+        cfg.eval.agents.single.avg_k = -1
+    with pytest.raises(BadInput, match=r"config\.eval\.agents\.single\.avg_k must be >= 0"):
+        cascade.validate(cfg)
+
+
 @pytest.mark.parametrize("name", ["cascade_c2", "cascade_demo"])
 def test_mopd_distils_from_three_teachers_chosen_on_validation(name):
     cfg = configs.load(name)

@@ -271,7 +271,8 @@ def test_unknown_environment_is_named():
 
 def test_swe_agent_tiny_trains_multi_turn_and_evaluates_both_ways(tmp_path, run_cli):
     """swe_agent:tiny end to end: the multi-turn arm's steps log the agent metrics (episodes of up to 3 turns, the
-    turn shares adding to 1), and every stage is scored single-turn and multi-turn on the same held-out items."""
+    turn shares adding to 1), and every stage is scored single-turn and multi-turn on the same held-out items,
+    greedy and (on test) avg@2."""
     run_cli("swe_agent:tiny", tmp_path / "wd")
     rows = [json.loads(line) for line in open(tmp_path / "wd" / "metrics.jsonl")]
     multi = [r for r in rows if r["stage"] == "rl_multi"]
@@ -291,6 +292,10 @@ def test_swe_agent_tiny_trains_multi_turn_and_evaluates_both_ways(tmp_path, run_
             assert set(ev) == {"swe", "swe_retry", "swe@single", "swe@multi"}  # swe_retry: no environment
             assert ev["swe@single"]["n"] == ev["swe@multi"]["n"] == ev["swe"]["n"]
             assert sum(ev["swe@multi"]["turns_frac"].values()) == pytest.approx(1.0) and "ci95" in ev["swe@multi"]
+            # the tiny variant asks for avg@2 of both agents: on test only, each with its interval
+            assert all(("avg@k" in ev[a]) == (split == "eval") for a in ("swe@single", "swe@multi"))
+    items = json.load(open(tmp_path / "wd" / "eval_scores" / "rl_multi.json"))
+    assert len(items["avg@k/swe@multi"]) == len(items["swe@multi"]) == summary["stages"][-1]["eval"]["swe@multi"]["n"]
     # the report's comparison is the paired difference of the saved per-item scores
     import subprocess
     import sys
@@ -337,3 +342,42 @@ def test_c2_prefilter_drops_always_solved_and_most_never_solved():
     many = np.zeros(20_000, int)
     assert abs(onpolicy.prefilter_keep(many, 16, 0.9, 3).mean() - 0.1) < 0.01  # 90% of the 0/16 dropped
     assert (onpolicy.prefilter_keep(many, 16, 0.9, 3) == onpolicy.prefilter_keep(many, 16, 0.9, 3)).all()
+
+
+class _Bytes:
+    """A byte-level stand-in tokenizer over CFG's 23 ids (enough for run_episodes: encode, decode, ids)."""
+    pad_id, eos_id = 0, 4
+
+    def encode(self, text):
+        return [5 + ord(c) % 18 for c in text]
+
+    def decode(self, ids):
+        return "".join(chr(97 + i) for i in ids)
+
+    def token_id(self, piece):
+        return 9
+
+
+def test_agent_avg_at_k_keeps_each_records_samples_together(monkeypatch):
+    """evaluate_episodes with avg@k: an environment whose reward is its record's own number shows every record's k
+    sampled episodes averaged on their own record (5 records, 2 per sampled batch: the last batch padded), and the
+    sampled episodes really sample (their actions differ from the greedy one)."""
+    from nemocascade import evaluation
+    actions = {}
+
+    class Numbered(envs.Env):
+        def step(self, action):
+            actions.setdefault(self.record["id"], []).append(action)
+            return envs.Step("", self.record["value"], True)
+
+    monkeypatch.setitem(envs.ENVS, "numbered", Numbered)
+    records = [{"id": i, "prompt": "ab" * (i + 1), "value": v} for i, v in enumerate([0.1, 0.7, 0.3, 1.0, 0.5])]
+    settings = episodes.Settings(max_turns=1, max_new_tokens=8, max_prompt_len=256, greedy=True)
+    out = evaluation.evaluate_episodes(_params(), CFG, _Bytes(), records, ["numbered"] * 5, settings, batch_size=6,
+                                       rng=jax.random.key(0), avg_k=3, temperature=1.0)
+    assert out["scores"] == pytest.approx([0.1, 0.7, 0.3, 1.0, 0.5])
+    assert out["avg@k_scores"] == pytest.approx([0.1, 0.7, 0.3, 1.0, 0.5]) and out["k"] == 3
+    assert out["avg@k"] == pytest.approx(0.52) and out["pass@1"] == pytest.approx(0.52)
+    # the greedy pass ran first; the last record's lists hold its padding repeats too (greedy 1 + 1, sampled 3 + 3)
+    assert [len(actions[i]) for i in range(5)] == [4, 4, 4, 4, 8]
+    assert sum(a != actions[i][0] for i in range(5) for a in actions[i][-3:]) >= 8  # greedy again: 0 of 15

@@ -85,8 +85,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.stages.rl_multi.update(length_curriculum=((0, 24),), max_total_tokens=256,  # room for 3 turns of 24
                                  prefilter_prompts=4, prefilter_samples=2, prefilter_drop_unsolved=0.5)
         c.stages.rl_single.length_curriculum = ((0, 256),)
-        c.eval.agents.single.max_new_tokens = 256
-        c.eval.agents.multi.update(max_new_tokens=24, max_total_tokens=256)
+        c.eval.agents.single.update(max_new_tokens=256, avg_k=2)  # avg@k of agents exercised in CI
+        c.eval.agents.multi.update(max_new_tokens=24, max_total_tokens=256, avg_k=2)
     if "rl_repeats" in tags:  # after "tiny": the repeats copy the arms as they stand
         for r in REPEATS:
             for arm in ("rl_single", "rl_multi"):
