@@ -99,11 +99,13 @@ def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_pro
     out = {"pass@1": float(np.mean(scores)) if len(scores) else 0.0, "n": len(records),
            "ci95": stats.mean_ci95(scores), "mean_len": float(np.mean(lengths)) if lengths else 0.0,
            "scores": [float(s) for s in scores], **counts}
-    if k:
-        per_record = by_record[:, 1:].mean(axis=1)
-        out |= {"avg@k": float(per_record.mean()), "k": int(k), "avg@k_ci95": stats.mean_ci95(per_record),
-                "avg@k_scores": [float(x) for x in per_record]}
-    return out
+    return out | (_avg_at_k(by_record[:, 1:].mean(axis=1), k) if k else {})
+
+
+def _avg_at_k(per_record, k: int) -> dict:
+    """avg@k's summary keys from each record's mean over its k samples (the records are the independent units)."""
+    return {"avg@k": float(np.mean(per_record)), "k": int(k), "avg@k_ci95": stats.mean_ci95(per_record),
+            "avg@k_scores": [float(x) for x in per_record]}
 
 
 def evaluate_episodes(params, model_cfg, tokenizer, records, env_names, settings, *, batch_size, rng, mesh=None,
@@ -118,19 +120,18 @@ def evaluate_episodes(params, model_cfg, tokenizer, records, env_names, settings
     each record's mean reward, the interval over records."""
     from nemocascade.rl import episodes
 
-    def batches(per_batch, sampled):
+    def batches(per_batch, run_settings, G, key_offset, label):
+        """(records in the batch, its trajectories: G episodes each) per batch of `per_batch` records."""
         starts = range(0, len(records), per_batch)
-        for start in progress(starts, desc=desc + (f" avg@{avg_k}" if sampled else "")) if desc else starts:
+        for start in progress(starts, desc=label) if label else starts:
             chunk, names = records[start:start + per_batch], env_names[start:start + per_batch]
             pad = per_batch - len(chunk)  # one compiled shape: the last batch repeats its last record
-            yield len(chunk), episodes.run_episodes(
-                params, model_cfg, tokenizer, chunk + [chunk[-1]] * pad, names + [names[-1]] * pad,
-                dataclasses.replace(settings, greedy=False, temperature=temperature, top_p=top_p) if sampled
-                else settings, jax.random.fold_in(rng, start + (len(records) if sampled else 0)), mesh,
-                num_samples=avg_k if sampled else 1)
+            yield len(chunk), episodes.run_episodes(params, model_cfg, tokenizer, chunk + [chunk[-1]] * pad,
+                                                    names + [names[-1]] * pad, run_settings,
+                                                    jax.random.fold_in(rng, key_offset + start), mesh, num_samples=G)
 
     scores, model_tokens, turns, errors, done = [], [], [], [], []
-    for n, traj in batches(batch_size, False):
+    for n, traj in batches(batch_size, settings, 1, 0, desc):
         scores += traj.rewards[:n].tolist()
         model_tokens += traj.model_tokens[:n].tolist()
         turns += traj.turns[:n].tolist()
@@ -143,12 +144,13 @@ def evaluate_episodes(params, model_cfg, tokenizer, records, env_names, settings
            "turns_frac": {str(k): float((turns_arr == k).mean()) for k in range(1, settings.max_turns + 1)},
            "tool_errors": float(np.mean(errors)) if scores else 0.0,
            "done_rate": float(np.mean(done)) if scores else 0.0}
-    if avg_k > 0 and records:
+    if avg_k > 0 and records:  # keys past every greedy batch's
+        sampled = dataclasses.replace(settings, greedy=False, temperature=temperature, top_p=top_p)
         per_record = []
-        for n, traj in batches(max(1, batch_size // avg_k), True):
+        for n, traj in batches(max(1, batch_size // avg_k), sampled, avg_k, len(records),
+                               desc and f"{desc} avg@{avg_k}"):
             per_record += traj.rewards[:n * avg_k].reshape(n, avg_k).mean(axis=1).tolist()
-        out |= {"avg@k": float(np.mean(per_record)), "k": int(avg_k), "avg@k_ci95": stats.mean_ci95(per_record),
-                "avg@k_scores": [float(x) for x in per_record]}
+        out |= _avg_at_k(per_record, avg_k)
     return out
 
 

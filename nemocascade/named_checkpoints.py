@@ -11,7 +11,7 @@ advancing the main line, e.g. Cascade 2's RLHF teacher trained from SFT). Names:
                      the earlier): one teacher for several domains, as Cascade 2's multi-domain teacher (the
                      best checkpoint after IF-RL and multi-domain RL serves IF, MCQ, tool calling and JSON)
 
-Stages are evaluated on every domain when they end (``cascade.evaluate_all``); their *validation* scores
+Stages are evaluated on every domain when they end (``held_out.evaluate_all``); their *validation* scores
 decide ``best:*`` (the test split only reports, so no winner's curse in a distilled stage's test row). The
 registry lives in ``workdir/checkpoints/registry.json`` (rewritten atomically), so a resumed run resolves
 every name exactly as the interrupted one did.
