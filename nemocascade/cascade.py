@@ -271,11 +271,18 @@ def _redo_from(ctx, first: str, changes) -> None:
     print(f"[redo] discarded {dropped}; kept {kept}", flush=True)
 
 
+# run keys added since workdirs were recorded, at the value of the old behaviour
+ADDED_RUN_KEYS = {"data.seed": -1, "eval.avg_k_domains": "trained"}
+
+
 def stage_defaults(cfg) -> dict:
-    """Flat `stages.<name>.<key>` -> the value a stage of its kind gets by default today: a resume of a workdir
-    recorded before a key existed (e.g. `lora`) accepts the key at that default."""
-    return {f"stages.{name}.{k}": v for name, stage in cfg.stages.items() if stage.get("kind") in kinds.KINDS
-            for k, v in flatten(common.stage_config(stage.kind, kinds.get(stage.kind).defaults).to_dict()).items()}
+    """Flat `stages.<name>.<key>` -> the value a stage of its kind gets by default today, and `ADDED_RUN_KEYS`: a
+    resume of a workdir recorded before a key existed (e.g. `lora`, `data.seed`) accepts the key at that default."""
+    agents = {f"eval.agents.{name}.{k}": v for name in cfg.eval.get("agents", {})
+              for k, v in held_out.AGENT_DEFAULTS.items()}
+    stages = {f"stages.{name}.{k}": v for name, stage in cfg.stages.items() if stage.get("kind") in kinds.KINDS
+              for k, v in flatten(common.stage_config(stage.kind, kinds.get(stage.kind).defaults).to_dict()).items()}
+    return ADDED_RUN_KEYS | agents | stages
 
 
 def _locked(cfg, workdir, allow_changes, body):

@@ -18,6 +18,19 @@ from nemocascade.stages import common
 AVG_K_DOMAINS = ("trained", "all")
 VAL_N = 200  # validation items per domain after each stage, unless config.eval.val_n says otherwise (0: all)
 AGENT_KEYS = ("max_turns", "max_new_tokens", "max_total_tokens", "max_obs_tokens", "envs", "avg_k")
+# an agent evaluation's optional keys at their defaults: 0 = no episode budget beyond max_turns x max_new_tokens;
+# observations cut to 128 tokens; greedy only
+AGENT_DEFAULTS = {"max_total_tokens": 0, "max_obs_tokens": 128, "avg_k": 0}
+
+
+def agent(max_turns: int, max_new_tokens: int, **kw) -> dict:
+    """A `config.eval.agents` entry with every optional key present (`AGENT_DEFAULTS`, overridden by `kw`), so
+    that each can be set from the command line (`--config.eval.agents.multi.avg_k=4`); `envs` stays optional
+    (domain -> environment, else the domain's own)."""
+    unknown = sorted(set(kw) - set(AGENT_KEYS))
+    if unknown:
+        raise BadInput(f"agent evaluation: unknown key(s) {unknown}; known: {list(AGENT_KEYS)}")
+    return {"max_turns": max_turns, "max_new_tokens": max_new_tokens} | AGENT_DEFAULTS | kw
 
 
 def validate(cfg) -> None:
@@ -106,8 +119,9 @@ def agent_settings(ctx, agent):
     e = ctx.cfg.eval
     turns, per_turn = agent.get("max_turns", 1), agent.get("max_new_tokens", e.max_new_tokens)
     return episodes.Settings(max_turns=turns, max_new_tokens=per_turn,
-                             max_total_tokens=agent.get("max_total_tokens", 0),
-                             max_obs_tokens=agent.get("max_obs_tokens", 128), max_prompt_len=e.max_prompt_len,
+                             max_total_tokens=agent.get("max_total_tokens", AGENT_DEFAULTS["max_total_tokens"]),
+                             max_obs_tokens=agent.get("max_obs_tokens", AGENT_DEFAULTS["max_obs_tokens"]),
+                             max_prompt_len=e.max_prompt_len,
                              greedy=True, thinking=ctx.cfg.thinking)
 
 

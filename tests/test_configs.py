@@ -1,12 +1,17 @@
 """Every experiment config loads and validates in its default and tiny variants (bad stage references, unknown
 rewards or kinds fail here, not an hour into a run); the multi-stage cascades run end to end in `tiny` (slow)."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 
-from nemocascade import cascade, configs
+from nemocascade import cascade, configs, held_out
+from nemocascade.errors import BadInput
 
 NAMES = configs.known_configs()
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -27,9 +32,11 @@ def test_data_seed_is_the_runs_seed_unless_fixed():
     assert cascade.data_seed(cfg) == 2
     cfg.data.seed = 0
     assert cascade.data_seed(cfg) == 0
-    other = configs.load("cascade_math")
+    other = configs.load("swe_agent")  # every config has the key (`--config.data.seed=0` from the command line)
     other.seed = 5
-    assert "seed" not in other.data and cascade.data_seed(other) == 5  # no data.seed key: the run's seed
+    assert other.data.seed == -1 and cascade.data_seed(other) == 5
+    del other.data["seed"]
+    assert cascade.data_seed(other) == 5  # a config without the key: the run's seed
 
 
 def test_the_cascades_use_the_papers_orders():
@@ -159,3 +166,35 @@ def test_tiny_cascade_runs_end_to_end(name, tmp_path, run_cli):
         if cfg.eval.avg_k and stage.kind in ("grpo", "mopd", "sft"):  # avg@k: an RL stage's own domains, SFT's all
             own = set(cfg.data.domains) if stage.kind == "sft" else set(stage.domains)
             assert {d for d in cfg.data.domains if "avg@k" in s["eval"][d]} == own, s["name"]
+
+
+PARSE = """
+import json, sys
+sys.path.insert(0, "experiments")
+import run
+run.parse_flags(run.resolve_config_arg(["run.py", *sys.argv[1:]]))
+c = run._CONFIG.value
+print(json.dumps({"agents": c.eval.agents.to_dict(), "data_seed": c.data.seed, "order": list(c.stage_order),
+                  "avg_k_domains": c.eval.avg_k_domains}))
+"""
+
+
+def test_documented_overrides_parse_on_the_command_line():
+    # run.py's own flag parsing: keys read with a default (an agent's avg_k, data.seed, eval.avg_k_domains) exist in
+    # the configs, so the README's overrides are accepted; a comma-separated stage order is a list of stages
+    args = ["--config=swe_agent", "--config.eval.agents.multi.avg_k=4", "--config.data.seed=0",
+            "--config.eval.avg_k_domains=all", "--config.stage_order=sft,rl_multi"]
+    out = subprocess.run([sys.executable, "-c", PARSE, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["agents"]["multi"] == {"max_turns": 3, "max_new_tokens": 112, "max_total_tokens": 448,
+                                      "max_obs_tokens": 160, "avg_k": 4}
+    assert got["agents"]["single"]["avg_k"] == 0 and got["data_seed"] == 0 and got["avg_k_domains"] == "all"
+    assert configs.parse_stage_order(got["order"]) == ["sft", "rl_multi"]
+
+
+def test_an_agent_entry_has_every_key_and_refuses_unknown_ones():
+    assert held_out.agent(2, 64, avg_k=3) == {"max_turns": 2, "max_new_tokens": 64, "max_total_tokens": 0,
+                                              "max_obs_tokens": 128, "avg_k": 3}
+    with pytest.raises(BadInput, match="max_tokens"):
+        held_out.agent(2, 64, max_tokens=3)

@@ -22,14 +22,16 @@ def math_base(name: str) -> ml_collections.ConfigDict:
     c.tokenizer = dict(path="", vocab_size=384, corpus_size=5000)
     c.data = ml_collections.ConfigDict()
     c.data.data_dir = ""
+    c.data.seed = -1  # the records' draw: -1 = the run's seed; fixed, seeds vary training only (cascade.data_seed)
     c.data.domains = ml_collections.ConfigDict()
     # NUM_HELD_OUT: the generators repeat problems (math, seed 0: 384 distinct problem keys in 500 test records,
     # 1244 in 2000)
     c.data.domains.math = dict(num_train=20_000, num_test=NUM_HELD_OUT, opts=dict(teacher_error_rate=0.0))
     # n test items, val_n validation items per domain; avg@k on test: avg_k samples per item, after an RL stage on
     # its own domains at its temperature / top-p, after SFT on every domain at eval.temperature / top_p
+    # (avg_k_domains "all": an RL stage's avg@k on every domain, not only its own; held_out.AVG_K_DOMAINS)
     c.eval = dict(n=500, val_n=200, batch_size=128, max_prompt_len=64, max_new_tokens=112, avg_k=4, temperature=1.0,
-                  top_p=1.0)
+                  top_p=1.0, avg_k_domains="trained")
     c.reward = dict(num_workers=2, timeout_s=5.0)
     c.stages = ml_collections.ConfigDict()  # name -> stage config; run order is c.stage_order
     c.stage_order = ()

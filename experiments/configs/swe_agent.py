@@ -29,6 +29,7 @@ Added to a finished run's workdir they only train the new arms (`--allow_config_
 import ml_collections
 
 from _common import grpo_stage, multi_base, variants
+from nemocascade import held_out
 from nemocascade.stages import common, sft
 
 RL_LR = 5e-5
@@ -48,8 +49,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.data.domains[d].num_test = 4000  # ~590 distinct test problems exist; 4000 records reach 500 of them
     c.data.domains.swe_retry.max_prompt_len = 448  # its prompt holds the first turn and the tests' answer
     c.eval.update(max_prompt_len=160, max_new_tokens=TURN)
-    c.eval.agents = {"single": dict(max_turns=1, max_new_tokens=BUDGET),
-                     "multi": dict(max_turns=3, max_new_tokens=TURN, max_total_tokens=BUDGET, max_obs_tokens=160)}
+    c.eval.agents = {"single": held_out.agent(max_turns=1, max_new_tokens=BUDGET),
+                     "multi": held_out.agent(max_turns=3, max_new_tokens=TURN, max_total_tokens=BUDGET,
+                                             max_obs_tokens=160)}
     c.reward.timeout_s = 8.0  # above the sandbox's wall limit (tests run for up to 5 s)
     c.stages.sft = common.stage_config(
         "sft", sft.DEFAULTS, domains=list(DOMAINS), mix={"swe": 0.7, "swe_retry": 0.3}, steps=1500, batch_size=8,
