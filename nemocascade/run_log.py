@@ -36,10 +36,9 @@ import sys
 import time
 from typing import Any, Iterable
 
-import tensorboardX
 import tqdm
 
-from nemocascade import files, hosts
+from nemocascade import files, hosts, tb_events
 from nemocascade.errors import BadInput
 from nemocascade.files import atomic_write
 
@@ -51,8 +50,8 @@ TB_UPLOAD_S = 60.0  # a remote workdir's TensorBoard files are copied up at most
 # Keys each metrics.jsonl line owns; a metric of the same name would silently overwrite them.
 _RESERVED_METRIC_KEYS = ("stage", "step", "global_step", "time")
 
-# tensorboardX names event files by the second and opens them with "wb": a second writer in the same
-# second (a quick resume, truncate_after) would overwrite the first without a unique suffix.
+# event files are named by the second: a second writer in the same second (a quick resume, truncate_after) needs a
+# unique suffix (tb_events opens them "xb", so a clash would be an error, not a lost file).
 _TB_WRITER_IDS = itertools.count()
 
 
@@ -239,12 +238,8 @@ class RunLog:
 
         if self._tb is None:
             # purge_step makes TensorBoard hide events >= it from earlier (pre-crash) event files.
-            self._tb = tensorboardX.SummaryWriter(
-                self._tb_dir,
-                purge_step=self._tb_purge_step,
-                flush_secs=10,
-                filename_suffix=f".{os.getpid()}.{next(_TB_WRITER_IDS)}",
-            )
+            self._tb = tb_events.EventWriter(self._tb_dir, filename_suffix=f".{os.getpid()}.{next(_TB_WRITER_IDS)}",
+                                             purge_step=self._tb_purge_step, flush_secs=10)
             self._tb_purge_step = None
         for key, value in values.items():
             self._tb.add_scalar(f"{stage}/{key}", value, global_step)
@@ -433,6 +428,8 @@ class _LineProgress:
         elapsed = time.time() - self._start
         done = f"{self.n}/{self.total} ({100 * self.n // self.total}%)" if self.total else f"{self.n}"
         rate = f", {self.n / elapsed:.3g} {self.unit}/s" if elapsed > 0 else ""
+        if self.total and 0 < self.n < self.total and elapsed > 0:  # at the mean rate so far, as tqdm's
+            rate += f", ETA {duration(elapsed * (self.total - self.n) / self.n)}"
         post = f" {self._postfix}" if self._postfix else ""
         print(f"{self.desc}: {done} {self.unit} {elapsed:.1f}s{rate}{post}", file=sys.stderr, flush=True)
         self._last_printed_n, self._last_print_time = self.n, time.time()
@@ -452,12 +449,22 @@ class _LineProgress:
             self._print()
 
 
+def duration(seconds: float) -> str:
+    """A time left as a log line shows it: "45s", "12m05s", "3h07m"."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 def progress(iterable_or_total: Iterable | int, desc: str, **kw):
     """A progress bar over an iterable, or one to ``update()`` by hand when given an int total.
 
     tqdm with ``dynamic_ncols=True, mininterval=1.0`` when stderr is a terminal or
     ``NEMOCASCADE_PROGRESS=1``; otherwise (``NEMOCASCADE_PROGRESS=0`` or a non-TTY stderr, as in CI)
-    a line per 10% on stderr. ``disable=True`` silences both. Other ``kw`` go to tqdm.
+    a line per 10% on stderr with the rate and the time left. ``disable=True`` silences both. Other ``kw`` go to tqdm.
     """
     if isinstance(iterable_or_total, int):
         iterable, total = None, iterable_or_total

@@ -3,16 +3,17 @@
 import copy
 import json
 import os
-import struct
 
 import matplotlib.image
 import numpy as np
 import pytest
 import tqdm
-from tensorboardX.proto import event_pb2
+from tensorboard.backend.event_processing import event_accumulator, event_file_loader
+from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.tensorflow_stub import pywrap_tensorflow
 
-from nemocascade import plots, workdir
-from nemocascade.run_log import RunLog, load_metrics, progress
+from nemocascade import plots, tb_events, workdir
+from nemocascade.run_log import RunLog, duration, load_metrics, progress
 
 TOP_KEYS = ["config", "variant", "seed", "stages", "total_wall_s"]
 STAGE_KEYS = ["name", "kind", "domains", "steps", "wall_s", "teachers", "eval"]
@@ -24,22 +25,10 @@ def _read_jsonl(path):
 
 
 def _read_events(tb_dir):
-    """Every Event in every event file under tb_dir, decoded from the TFRecord framing by hand.
-
-    Record = uint64 length, uint32 crc(length), data, uint32 crc(data); no TensorFlow needed.
-    """
-    out = {}
-    for name in sorted(os.listdir(tb_dir)):
-        data = open(os.path.join(tb_dir, name), "rb").read()
-        events, i = [], 0
-        while i < len(data):
-            (n,) = struct.unpack("<Q", data[i : i + 8])
-            e = event_pb2.Event()
-            e.ParseFromString(data[i + 12 : i + 12 + n])
-            events.append(e)
-            i += 12 + n + 4
-        out[name] = events
-    return out
+    """Every Event in every event file under tb_dir, read by TensorBoard's own loader (it checks both CRC-32Cs of
+    every record: an independent reader of what nemocascade.tb_events writes)."""
+    return {name: list(event_file_loader.LegacyEventFileLoader(os.path.join(tb_dir, name)).Load())
+            for name in sorted(os.listdir(tb_dir))}
 
 
 def _scalars(events):
@@ -269,6 +258,43 @@ def test_tensorboard_scalars_and_purge_on_truncate(tmp_path):
     # TensorBoard drops earlier events at steps >= 3 when it sees this SessionLog START.
     starts = [(e.step, e.session_log.status) for e in second if e.HasField("session_log")]
     assert starts == [(3, event_pb2.SessionLog.START)]
+    # what `tensorboard --logdir` shows: the purged step 3 replaced, file by file in order
+    shown = event_accumulator.EventAccumulator(os.path.join(wd, "tb"))
+    shown.Reload()
+    assert sorted(shown.Tags()["scalars"]) == ["grpo/kl", "grpo/reward", "sft/loss"]
+    assert [(e.step, e.value) for e in shown.Scalars("grpo/reward")] == [(2, 0.25), (3, 1.0)]
+    assert [(e.step, e.value) for e in shown.Scalars("sft/loss")] == [(0, 2.0), (1, 1.5)]
+
+
+def test_event_records_match_tensorboards_framing():
+    # CRC-32C check value of "123456789" (RFC 3720 B.4) and tensorboard's own masked CRC of a record
+    assert tb_events.crc32c(b"123456789") == 0xE3069283
+    data = tb_events.event(1.5, 300, scalar=("a/b", 0.25))
+    assert tb_events.masked_crc32c(data) == pywrap_tensorflow.masked_crc32c(data)
+    e = event_pb2.Event.FromString(data)
+    assert (e.wall_time, e.step, e.summary.value[0].tag, e.summary.value[0].simple_value) == (1.5, 300, "a/b", 0.25)
+    with pytest.raises(ValueError, match="step must be >= 0"):
+        tb_events.event(0.0, -1)
+
+
+def test_progress_lines_give_the_time_left(monkeypatch, capsys):
+    # a clock at 2 s per item: after 4 of 20 items (8 s) 16 are left at 2 s each, 32 s
+    now = [0.0]
+    monkeypatch.setattr("nemocascade.run_log.time.time", lambda: now[0])
+    monkeypatch.delenv("NEMOCASCADE_PROGRESS", raising=False)
+    bar = progress(20, "sft")
+    for k in range(1, 21):
+        now[0] = 2.0 * k
+        bar.update()
+    lines = capsys.readouterr().err.splitlines()
+    etas = [line.split("ETA ")[1] if "ETA " in line else None for line in lines]
+    assert etas == ["36s", "32s", "28s", "24s", "20s", "16s", "12s", "8s", "4s", None]  # done: none to give
+    assert lines[1].startswith("sft: 4/20 (20%) it 8.0s, 0.5 it/s, ETA 32s")
+
+
+def test_duration_formats():
+    assert [duration(s) for s in (0, 44.6, 60, 725, 3600, 11220)] == ["0s", "45s", "1m00s", "12m05s", "1h00m",
+                                                                        "3h07m"]
 
 
 def test_progress_lines_when_not_a_tty(monkeypatch, capsys):
