@@ -37,10 +37,16 @@ def _save(fig, out_png: str) -> None:
 def plot_metric_curves(
     metrics_jsonl: str, out_png: str, keys: list[str], smooth: int = 1, title: str | None = None
 ) -> None:
+    """`metric_curves_figure` written to `out_png`."""
+    _save(metric_curves_figure(metrics_jsonl, keys, smooth, title), out_png)
+
+
+def metric_curves_figure(metrics_jsonl: str, keys: list[str], smooth: int = 1, title: str | None = None) -> Figure:
     """One subplot per metric key against the cascade-wide global step; dotted lines = stage starts.
 
     ``smooth`` > 1 draws a trailing mean over that many logged steps, computed within each stage (a
-    stage's reward scale says nothing about the next one's), over the raw curve drawn faintly.
+    stage's reward scale says nothing about the next one's), over the raw values drawn as faint points (a
+    held-out score logged every few steps is a handful of points: each stays visible under the mean).
     A key logged by no stage is a ValueError listing the keys that exist.
     """
     if smooth < 1:
@@ -65,7 +71,7 @@ def plot_metric_curves(
                 continue
             x, y = np.array(pts, dtype=float).T
             if smooth > 1:
-                ax.plot(x, y, color="C0", alpha=0.25, linewidth=0.8)
+                ax.plot(x, y, color="C0", alpha=0.35, linestyle="none", marker="o", markersize=2.5, label="_raw")
                 y = _trailing_mean(y, smooth)
             ax.plot(x, y, color="C0", linewidth=1.5)
         for stage, start in stage_starts.items():
@@ -81,7 +87,7 @@ def plot_metric_curves(
     axes[-1, 0].set_xlabel("global step")
     if title:
         fig.suptitle(title)
-    _save(fig, out_png)
+    return fig
 
 
 def _rows(summary: dict) -> list[dict]:

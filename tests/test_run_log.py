@@ -391,6 +391,22 @@ def test_trailing_mean_matches_hand_values():
     np.testing.assert_allclose(plots._trailing_mean(np.array([3.0, 0.0, 3.0, 6.0]), 3), [3.0, 1.5, 2.0, 3.0])
 
 
+def test_curves_draw_the_raw_points_under_the_mean(tmp_path):
+    log = RunLog(str(tmp_path), "c", None, 0)
+    for step, v in enumerate([1.0, 2.0, 3.0, 4.0]):
+        log.log_step("sft", step, {"eval/math/pass@1": v})
+    log.log_step("grpo", 0, {"eval/math/pass@1": 9.0})
+    log.close()
+    fig = plots.metric_curves_figure(str(tmp_path / "metrics.jsonl"), ["eval/math/pass@1"], smooth=2)
+    lines = fig.axes[0].lines
+    raw = [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in lines if ln.get_marker() == "o"]
+    mean = [(list(ln.get_xdata()), list(ln.get_ydata())) for ln in lines
+            if ln.get_marker() != "o" and ln.get_linestyle() == "-"]
+    assert raw == [([0, 1, 2, 3], [1, 2, 3, 4]), ([4], [9])]  # every point, per stage
+    assert all(ln.get_linestyle() == "None" for ln in lines if ln.get_marker() == "o")
+    assert mean == [([0, 1, 2, 3], [1.0, 1.5, 2.5, 3.5]), ([4], [9.0])]  # the trailing mean restarts per stage
+
+
 def _assert_real_png(path):
     with open(path, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
