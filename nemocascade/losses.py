@@ -2,7 +2,10 @@
 
 Shapes: ``B``/``N`` sequences (responses), ``T`` positions, ``V`` vocabulary. Every ``mask`` is 1 on the
 tokens that count (response tokens, not prompt or padding) and 0 elsewhere; any numeric or bool dtype.
-All reductions run in float32 whatever the dtype of the logits.
+All reductions run in float32 whatever the dtype of the logits. Shapes, ranks and integer dtypes are asserted at
+each function's boundary with chex (at trace time under jit; a failure is an AssertionError naming the argument);
+a bad option (an unknown estimator, a band, a coefficient) is a ValueError. tests/test_losses.py runs the losses
+with and without jit (chex variants).
 
 Contents:
   token_cross_entropy   SFT next-token loss.
@@ -19,6 +22,7 @@ Contents:
 
 from __future__ import annotations
 
+import chex
 import jax
 import jax.numpy as jnp
 import optax
@@ -37,8 +41,15 @@ def _f32(x):
 
 def _check_same_shape(ref_name, ref, **others):
     for name, x in others.items():
-        if x is not None and jnp.shape(x) != jnp.shape(ref):
-            raise ValueError(f"{name} has shape {jnp.shape(x)}, expected the shape of {ref_name} {jnp.shape(ref)}")
+        if x is not None:
+            chex.assert_equal_shape([ref, x], custom_message=f"{name} must have the shape of {ref_name}")
+
+
+def _check_logits_and_ids(logits, ids, ids_name):
+    """logits [B, T, V] and integer ids [B, T]."""
+    chex.assert_rank(logits, 3, custom_message="logits must be [B, T, V]")
+    chex.assert_type(ids, int, custom_message=f"{ids_name} must be integer token ids")
+    chex.assert_equal_shape_prefix([logits, ids], 2, custom_message=f"logits' leading dims must equal {ids_name}'s")
 
 
 def _masked_mean(x, mask):
@@ -60,10 +71,7 @@ def token_cross_entropy(logits, targets, mask):
     (masked mean of ``argmax(logits) == target``).
     """
     _check_same_shape("targets", targets, mask=mask)
-    if jnp.shape(logits)[:-1] != jnp.shape(targets):
-        raise ValueError(
-            f"logits has shape {jnp.shape(logits)}; its leading dims must equal targets {jnp.shape(targets)}"
-        )
+    _check_logits_and_ids(logits, targets, "targets")
     nll = optax.softmax_cross_entropy_with_integer_labels(_f32(logits), targets)
     loss = _masked_mean(nll, mask)
     correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
@@ -76,10 +84,7 @@ def token_cross_entropy(logits, targets, mask):
 
 def token_logprobs(logits, tokens):
     """``log softmax(logits)[b, t, tokens[b, t]]`` in float32. logits [B,T,V], tokens int [B,T] -> [B,T]."""
-    if jnp.shape(logits)[:-1] != jnp.shape(tokens):
-        raise ValueError(
-            f"logits has shape {jnp.shape(logits)}; its leading dims must equal tokens {jnp.shape(tokens)}"
-        )
+    _check_logits_and_ids(logits, tokens, "tokens")
     logp = jax.nn.log_softmax(_f32(logits), axis=-1)
     return jnp.take_along_axis(logp, tokens[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
@@ -104,8 +109,7 @@ def group_advantages(rewards, eps=1e-6):
     rewards [P, G] (P prompts, G rollouts each); population std (ddof=0). A group whose rewards are all
     equal gets advantage 0 for every rollout. Returns float32 [P, G].
     """
-    if jnp.ndim(rewards) != 2:
-        raise ValueError(f"rewards must be [num_prompts, group_size], got shape {jnp.shape(rewards)}")
+    chex.assert_rank(rewards, 2, custom_message="rewards must be [num_prompts, group_size]")
     r = _f32(rewards)
     mean = jnp.mean(r, axis=-1, keepdims=True)
     std = jnp.std(r, axis=-1, keepdims=True)
@@ -197,11 +201,9 @@ def grpo_loss(
         raise ValueError(f"kl_coef={kl_coef} must be >= 0")
     if kl_coef > 0 and ref_logp is None:
         raise ValueError(f"kl_coef={kl_coef} > 0 needs ref_logp (the frozen reference's log-probs)")
-    if jnp.ndim(logp) != 2:
-        raise ValueError(f"logp must be [N, T], got shape {jnp.shape(logp)}")
+    chex.assert_rank(logp, 2, custom_message="logp must be [N, T]")
     _check_same_shape("logp", logp, mask=mask, ref_logp=ref_logp)
-    if jnp.shape(advantages) != jnp.shape(logp)[:1]:
-        raise ValueError(f"advantages has shape {jnp.shape(advantages)}, expected [N] = {jnp.shape(logp)[:1]}")
+    chex.assert_shape(advantages, jnp.shape(logp)[:1], custom_message="advantages must be [N], one per response")
 
     denom = loss_normalizer(mask, aggregation) if normalizer is None else _f32(normalizer)
     adv = jax.lax.stop_gradient(_f32(advantages))[:, None]
@@ -257,8 +259,7 @@ def mopd_token_loss(logp_train, logp_teacher, logp_sampler, is_low=0.5, is_high=
     indicator (float) for logging: ``(per_token, w, in_band)``, all [N, T]."""
     if not 0 < is_low <= 1 <= is_high:
         raise ValueError(f"is_low={is_low}, is_high={is_high}: need 0 < is_low <= 1 <= is_high")
-    if jnp.ndim(logp_train) != 2:
-        raise ValueError(f"logp_train must be [N, T], got shape {jnp.shape(logp_train)}")
+    chex.assert_rank(logp_train, 2, custom_message="logp_train must be [N, T]")
     _check_same_shape("logp_train", logp_train, logp_teacher=logp_teacher, logp_sampler=logp_sampler)
     logp_train = _f32(logp_train)
     sg_train = jax.lax.stop_gradient(logp_train)
@@ -330,6 +331,7 @@ def bradley_terry_loss(r_chosen, r_rejected, margin=0.0):
     Args: r_chosen, r_rejected [N]. Returns (loss, metrics): ``accuracy`` = mean(r_c > r_r) (a tie counts
     as wrong), ``reward_gap`` = mean(r_c - r_r), ``reward_mean`` = mean over both.
     """
+    chex.assert_rank(r_chosen, 1, custom_message="r_chosen must be [N]")
     _check_same_shape("r_chosen", r_chosen, r_rejected=r_rejected)
     gap = _f32(r_chosen) - _f32(r_rejected)
     loss = jnp.mean(jax.nn.softplus(-(gap - margin)))

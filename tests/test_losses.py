@@ -1,7 +1,9 @@
 """nemocascade.losses against loop-based numpy references and hand-worked numbers."""
 
+import functools
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -63,7 +65,7 @@ def test_token_cross_entropy_hand_worked():
 def test_token_cross_entropy_empty_mask_is_zero_and_bad_shape_raises():
     loss, m = losses.token_cross_entropy(np.zeros((1, 2, 3)), np.zeros((1, 2), int), np.zeros((1, 2)))
     assert float(loss) == 0.0 and float(m["accuracy"]) == 0.0
-    with pytest.raises(ValueError, match="mask"):
+    with pytest.raises(AssertionError, match="mask must have the shape of targets"):
         losses.token_cross_entropy(np.zeros((1, 2, 3)), np.zeros((1, 2), int), np.zeros((1, 3)))
 
 
@@ -123,7 +125,7 @@ def test_group_advantages_matches_numpy_loop():
         for g in range(8):
             want[p, g] = (r[p, g] - mean) / (std + 1e-6)
     np.testing.assert_allclose(losses.group_advantages(r), want, rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match="rewards"):
+    with pytest.raises(AssertionError, match="rewards must be"):
         losses.group_advantages(np.zeros(4))
 
 
@@ -283,9 +285,9 @@ def test_grpo_loss_bad_arguments_raise():
         losses.grpo_loss(z, a, z, ref_logp=z, kl_estimator="k9")
     with pytest.raises(ValueError, match="ref_logp"):
         losses.grpo_loss(z, a, z, kl_coef=0.03)
-    with pytest.raises(ValueError, match="advantages"):
+    with pytest.raises(AssertionError, match="advantages must be"):
         losses.grpo_loss(z, np.zeros(3), z)
-    with pytest.raises(ValueError, match="mask"):
+    with pytest.raises(AssertionError, match="mask must have the shape of logp"):
         losses.grpo_loss(z, a, np.zeros((2, 4)))
 
 
@@ -385,7 +387,7 @@ def test_mopd_normalizer_splits_over_micro_batches_and_empty_is_zero():
     np.testing.assert_allclose(parts, full, rtol=1e-6)
     empty, m = losses.mopd_loss(lt, lteach, lt, np.zeros_like(mask))
     assert float(empty) == 0.0 and float(m["num_responses"]) == 0.0
-    with pytest.raises(ValueError, match="logp_sampler"):
+    with pytest.raises(AssertionError, match="logp_sampler must have the shape"):
         losses.mopd_loss(lt, lteach, lt[:, :2], mask)
 
 
@@ -427,3 +429,70 @@ def test_jsd_hand_worked():
     np.testing.assert_allclose(losses.generalized_jsd(s, te, 0.5), [[0.215762]], rtol=1e-5)
     # Reverse KL(S||T) = 1 * ln(1/0.5) = ln 2 (finite although p_S has a zero).
     np.testing.assert_allclose(losses.reverse_kl(s, te), [[math.log(2)]], rtol=1e-6)
+
+
+# ------------------------------------------------------------------ with and without jit (chex variants)
+
+
+class LossesWithAndWithoutJit(chex.TestCase):
+    """Every loss gives the numpy references' numbers traced by jit and run eagerly, and its boundary assertions
+    fire in both (under jit at trace time)."""
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_sft_and_token_functions(self):
+        rng = np.random.default_rng(1)
+        logits = rng.normal(size=(2, 3, 5)).astype(np.float32)
+        targets = rng.integers(0, 5, size=(2, 3))
+        mask = np.array([[1, 1, 0], [1, 0, 0]], np.float32)
+        want = [-_np_log_softmax_row(list(logits[i, j]))[targets[i, j]] for i, j in ((0, 0), (0, 1), (1, 0))]
+        loss, _ = self.variant(losses.token_cross_entropy)(logits, targets, mask)
+        np.testing.assert_allclose(loss, np.mean(want), rtol=1e-5)
+        lp = self.variant(losses.token_logprobs)(logits, targets)
+        np.testing.assert_allclose([lp[0, 0], lp[0, 1], lp[1, 0]], -np.array(want), rtol=1e-5)
+        with pytest.raises(AssertionError, match="targets must be integer"):
+            self.variant(losses.token_cross_entropy)(logits, targets.astype(np.float32), mask)
+        with pytest.raises(AssertionError, match="logits must be"):
+            self.variant(losses.token_logprobs)(logits[0], targets)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_grpo(self):
+        rng = np.random.default_rng(2)
+        logp = -np.abs(rng.normal(size=(3, 4))).astype(np.float32)
+        ref = -np.abs(rng.normal(size=(3, 4))).astype(np.float32)
+        adv = rng.normal(size=3).astype(np.float32)
+        mask = _random_mask(3, 4, rng)
+        for aggregation in ("token_mean", "seq_mean_token_mean"):
+            fn = self.variant(functools.partial(losses.grpo_loss, kl_coef=0.03, aggregation=aggregation))
+            loss, _ = fn(logp, adv, mask, ref_logp=ref)
+            np.testing.assert_allclose(loss, _np_grpo(logp, adv, mask, aggregation, 0.03, ref), rtol=1e-5)
+        a = 0.5 / (0.5 + 1e-6)  # mean 0.5, population std 0.5
+        np.testing.assert_allclose(self.variant(losses.group_advantages)(np.array([[1.0, 0.0, 0.0, 1.0]])),
+                                   [[a, -a, -a, a]], rtol=1e-6)
+        with pytest.raises(AssertionError, match="advantages must be"):
+            self.variant(losses.grpo_loss)(logp, adv[:2], mask)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_mopd_and_divergences(self):
+        rng = np.random.default_rng(3)
+        lt = -np.abs(rng.normal(size=(4, 5))).astype(np.float32)
+        lteach = -np.abs(rng.normal(size=(4, 5))).astype(np.float32)
+        ls = (lt + 0.6 * rng.normal(size=(4, 5))).astype(np.float32)
+        mask = _random_mask(4, 5, rng)
+        loss, m = self.variant(losses.mopd_loss)(lt, lteach, ls, mask)
+        want_loss, want_rkl, _, _ = _np_mopd(lt, lteach, ls, mask)
+        np.testing.assert_allclose([loss, m["reverse_kl"]], [want_loss, want_rkl], rtol=1e-5)
+        s, te = rng.normal(size=(2, 2, 4)).astype(np.float32), rng.normal(size=(2, 2, 4)).astype(np.float32)
+        fkl, rkl, jsd = _np_dists(s, te, 0.5)
+        np.testing.assert_allclose(self.variant(losses.forward_kl)(s, te), fkl, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(self.variant(losses.reverse_kl)(s, te), rkl, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(self.variant(losses.generalized_jsd)(s, te), jsd, rtol=1e-4, atol=1e-6)
+        with pytest.raises(AssertionError, match="logp_teacher must have the shape of logp_train"):
+            self.variant(losses.mopd_loss)(lt, lteach[:, :4], ls, mask)
+
+    @chex.variants(with_jit=True, without_jit=True)
+    def test_bradley_terry(self):
+        # gaps [ln 3, 0]: -log sigmoid(ln 3) = ln(4/3), -log sigmoid(0) = ln 2; accuracy 1/2 (a tie is wrong)
+        loss, m = self.variant(losses.bradley_terry_loss)(np.array([math.log(3.0), 1.0]), np.array([0.0, 1.0]))
+        np.testing.assert_allclose([loss, m["accuracy"]], [(math.log(4 / 3) + math.log(2)) / 2, 0.5], rtol=1e-6)
+        with pytest.raises(AssertionError, match="r_chosen must be"):
+            self.variant(losses.bradley_terry_loss)(np.zeros((2, 1)), np.zeros((2, 1)))
