@@ -5,6 +5,7 @@ Stdlib callables stand in for most verifiers (time.sleep hangs, math.sqrt(-1) ra
 One pool serves the whole file because spawning workers costs an interpreter start each.
 """
 
+import importlib.util
 import math
 import operator
 import os
@@ -17,6 +18,7 @@ import types
 import pytest
 
 from nemocascade.rewards import math as math_reward
+from nemocascade.rewards import pool as pool_module
 from nemocascade.rewards.pool import VerifierPool
 
 
@@ -129,6 +131,51 @@ def test_fn_that_workers_cannot_import_raises_and_pool_survives(pool):
     finally:
         del sys.modules["ghost_verifiers"]
     assert pool.score(operator.add, [(1, 1), (2, 2), (3, 3)]) == [2.0, 4.0, 6.0]
+
+
+def _load_by_path(path, name):
+    """What configs.load and ml_collections do to a config file: run it under a name no fresh interpreter can
+    import (ml_collections also puts it in sys.modules)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[name] = module
+    return module
+
+
+def test_a_verifier_defined_in_a_file_loaded_by_path_scores_in_workers(tmp_path):
+    # a config file that registers a domain's verifier (README "Add a domain"); its folder's own modules import
+    (tmp_path / "_helper.py").write_text("BONUS = 1.0\n")
+    (tmp_path / "my_config.py").write_text(
+        "import functools\nfrom _helper import BONUS\n"
+        "def wrap(f):\n    @functools.wraps(f)\n    def g(*a):\n        return f(*a)\n    return g\n"
+        "@wrap\ndef score(text, answer):\n    return BONUS if text == answer else 0.0\n")
+    sys.path.append(str(tmp_path))
+    try:
+        module = _load_by_path(str(tmp_path / "my_config.py"), "config_config_test")
+        assert pool_module.portable(module.score) is not module.score  # travels as (file, name)
+        with VerifierPool(num_workers=2, timeout_s=2.0) as p:
+            assert p.score(module.score, [("a", "a"), ("a", "b"), ("c", "c")]) == [1.0, 0.0, 1.0]
+            assert p.last_stats == counts()
+    finally:
+        sys.path.remove(str(tmp_path))
+        del sys.modules["config_config_test"]
+    assert pool_module.portable(math_reward.score) is math_reward.score  # importable by name: unchanged
+
+
+def test_loading_a_verifier_does_not_count_against_its_timeout(tmp_path):
+    # the module takes 1.5 s to import, each call is instant: with a 0.5 s limit nothing may time out
+    (tmp_path / "slow_import_verifier.py").write_text(
+        "import time\ntime.sleep(1.5)\ndef score(x):\n    return 2.0 * x\n")
+    module = _load_by_path(str(tmp_path / "slow_import_verifier.py"), "slow_import_config")
+    try:
+        with VerifierPool(num_workers=2, timeout_s=0.5) as p:
+            assert p.score(module.score, [(1,), (2,), (3,), (4,)]) == [2.0, 4.0, 6.0, 8.0]
+            assert p.last_stats == counts()
+            assert p.score(sleep_then, [(1.0, 1.0), (0.0, 2.0)]) == [0.0, 2.0]  # a slow call still times out
+            assert p.last_stats == counts(timeouts=1)
+    finally:
+        del sys.modules["slow_import_config"]
 
 
 def test_inline_mode_never_raises():

@@ -20,7 +20,12 @@ multi-threaded process can deadlock the child. Spawn costs an interpreter start 
 ``fn``'s module per worker (once, and again after each kill), and, like every spawn pool, it re-imports
 the launching script, which must therefore guard its entry point with ``if __name__ == "__main__":``.
 A worker reports ready before it gets its first call, so interpreter start-up never counts against a
-timeout (importing ``fn``'s module, on the worker's first call, does).
+timeout; nor does loading ``fn`` on a worker's first call (importing its module: the worker notes the start
+and end of a load, which gets the boot limit, and the call's deadline starts after it; the arguments, model
+output, are plain strings that load at once).
+``fn`` travels by reference: a module-level function of a module a fresh interpreter can import, or of a file
+loaded by path under a name no other interpreter knows (an experiment config file, which `configs.load` and
+ml_collections both load so): such a function travels as (file, name) and each worker runs the file once.
 Each worker runs ``fn`` in its main thread, so verifiers may use ``signal`` timers
 (:func:`~nemocascade.rewards.limits.call_with_timeout`, which ``rewards/math.py`` uses around sympy).
 Workers are daemon processes: a verifier must not use ``multiprocessing`` itself, and one that starts
@@ -30,10 +35,14 @@ its children.
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
+import inspect
 import multiprocessing as mp
 import os
 import pickle
 import signal
+import sys
 import threading
 import time
 from multiprocessing.connection import wait
@@ -44,18 +53,67 @@ _CTX = mp.get_context("spawn")
 _STOP = b"stop"  # not a valid pickle, so no task can look like it
 _READY = b"ready"
 _BOOT_TIMEOUT_S = 120.0  # interpreter start + imports; generous for a loaded machine
+_LOADING, _LOADED = "loading", "loaded"  # a worker's notes around loading a new fn (its module's import)
+_FILE_MODULES: dict[str, object] = {}  # path -> module, in a worker: files loaded by `_file_function`
+
+
+def _file_function(path: str, name: str):
+    """The function `name` of the Python file at `path`, which this process runs once (its folder joins
+    sys.path first, as `configs.add_import_dir` does, so a config's `from _common import ...` works)."""
+    module = _FILE_MODULES.get(path)
+    if module is None:
+        folder = os.path.dirname(path)
+        if folder not in sys.path:
+            sys.path.append(folder)
+        stem = os.path.splitext(os.path.basename(path))[0]
+        spec = importlib.util.spec_from_file_location(f"nemocascade_verifier_file_{stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _FILE_MODULES[path] = module
+    return getattr(module, name)
+
+
+class _ByFile:
+    """Pickles as `_file_function(path, name)`: the worker unpickles the function itself."""
+
+    def __init__(self, path: str, name: str):
+        self.path, self.name = path, name
+
+    def __reduce__(self):
+        return _file_function, (self.path, self.name)
+
+
+def portable(fn):
+    """`fn`, or a `_ByFile` for it when it is a module-level function of a top-level module that a fresh
+    interpreter cannot import by name but that has a file (a config file loaded by path)."""
+    module = getattr(fn, "__module__", None) or ""
+    if "." in module or module in sys.builtin_module_names or not isinstance(fn, type(portable)):
+        return fn  # a package's module, a builtin, a callable object: pickled by reference as it is
+    if module == "__main__" or importlib.machinery.PathFinder.find_spec(module) is not None:
+        return fn
+    try:
+        path = inspect.getfile(inspect.unwrap(fn))
+    except TypeError:
+        return fn
+    name = fn.__qualname__
+    if not os.path.isfile(path) or "." in name:
+        return fn  # no file to run (a module made in memory): the workers' load error names it
+    return _ByFile(os.path.abspath(path), name)
 OUTCOMES = ("timeouts", "errors", "crashes")  # the keys of VerifierPool.last_stats
 
 
 def _worker_main(conn) -> None:
-    """Worker loop: receive ``(index, pickled (fn, args))``, reply ``(index, score, raised, load_error)``.
+    """Worker loop: receive ``(index, pickled fn, pickled args)``, reply ``(index, score, raised, load_error)``.
 
-    ``fn, args`` travel pickled inside the message so that failing to load them is reported, not fatal.
+    ``fn`` and ``args`` travel pickled inside the message so that failing to load them is reported, not fatal. A
+    new ``fn`` (other bytes than the last one's) is loaded between two notes, ``(_LOADING, index)`` and
+    ``(_LOADED, index)``: the parent gives the load the boot time limit and starts the call's clock after it.
     ``_STOP`` exits.
     """
     # Ctrl-C reaches the whole process group; the parent decides when workers die, not the terminal.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     conn.send_bytes(_READY)
+    fn_blob, fn = None, None
     while True:
         try:
             task = conn.recv_bytes()
@@ -63,10 +121,15 @@ def _worker_main(conn) -> None:
             return  # parent gone
         if task == _STOP:
             return
-        index, blob = pickle.loads(task)
+        index, new_fn_blob, args_blob = pickle.loads(task)
         try:
-            fn, args = pickle.loads(blob)
+            if new_fn_blob != fn_blob:
+                conn.send((_LOADING, index))
+                fn, fn_blob = pickle.loads(new_fn_blob), new_fn_blob
+                conn.send((_LOADED, index))
+            args = pickle.loads(args_blob)
         except BaseException as e:  # fn's module does not import here: a setup error, not a bad item
+            fn_blob = None
             conn.send((index, 0.0, False, f"{type(e).__name__}: {e}"))
             continue
         try:
@@ -154,6 +217,7 @@ class VerifierPool:
                 raise TypeError(f"items[{k}] must be a tuple of fn's arguments, got {type(item).__name__}")
         items = [tuple(item) for item in items]
         if self.num_workers:
+            fn = portable(fn)
             try:
                 pickle.dumps(fn)
             except Exception as e:
@@ -170,6 +234,7 @@ class VerifierPool:
     def _run(self, fn, items: list[tuple], timeout_s: float, stats: dict[str, int]) -> list[float]:
         results = [0.0] * len(items)  # anything that never reports back keeps 0.0
         queue = iter(range(len(items)))
+        fn_blob = pickle.dumps(fn)  # the same bytes for every item: a worker loads fn once
 
         def dispatch(i: int) -> None:
             """Give worker i the next item (pickled here, so a bad item cannot break the pipe)."""
@@ -177,7 +242,7 @@ class VerifierPool:
             worker.task = None
             for index in queue:
                 try:
-                    payload = pickle.dumps((index, pickle.dumps((fn, items[index]))))
+                    payload = pickle.dumps((index, fn_blob, pickle.dumps(items[index])))
                 except Exception:
                     stats["errors"] += 1  # this item's args cannot cross a process boundary: 0.0
                     continue
@@ -192,7 +257,7 @@ class VerifierPool:
         try:
             for i in range(len(self._workers)):
                 dispatch(i)
-            self._collect(results, stats, dispatch)
+            self._collect(results, stats, dispatch, timeout_s)
         except BaseException:
             # A worker still running an abandoned call would answer the *next* batch with a stale
             # (index, value): replace every busy worker before letting the error out.
@@ -202,7 +267,7 @@ class VerifierPool:
             raise
         return results
 
-    def _collect(self, results: list[float], stats: dict[str, int], dispatch) -> None:
+    def _collect(self, results: list[float], stats: dict[str, int], dispatch, timeout_s: float) -> None:
         """Wait for replies and deadlines until every worker is idle, refilling each freed worker."""
         while busy := [w for w in self._workers if w.task is not None]:
             next_deadline = min(w.deadline for w in busy)
@@ -212,11 +277,16 @@ class VerifierPool:
                     continue
                 if worker.conn in ready:
                     try:
-                        index, value, raised, load_error = worker.conn.recv()
+                        reply = worker.conn.recv()
                     except (EOFError, OSError):  # died mid-call (os._exit, OOM kill, segfault)
                         stats["crashes"] += 1
                         self._replace(i)
                     else:
+                        if reply[0] in (_LOADING, _LOADED):  # a load has the boot limit; then the call starts
+                            worker.deadline = time.monotonic() + (_BOOT_TIMEOUT_S if reply[0] == _LOADING
+                                                                  else timeout_s)
+                            continue
+                        index, value, raised, load_error = reply
                         worker.task = None
                         if load_error is not None:
                             raise RuntimeError(
