@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from nemocascade import cascade, configs, errors, objectives
+from nemocascade import cascade, configs, errors, objectives, rewards
+from nemocascade.data import domains
 from nemocascade.stages import kinds
 
 from conftest import final_params, tiny_math_config, distinct_items
@@ -75,3 +76,43 @@ def test_a_kind_cannot_shadow_another_modules_kind():
     with pytest.raises(ValueError, match="stage kind 'sft' is already registered by nemocascade.stages.sft"):
         kinds.register(imposter)
     assert kinds.get("sft") is sft
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _readme_example(name):
+    """The code block after `<!-- example: NAME -->` in the README."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    after = text.split(f"<!-- example: {name} -->", 1)[1]
+    return after.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readmes_domain_example_is_the_configs_code():
+    block = _readme_example("sort_words")
+    source = open(os.path.join(ROOT, "experiments", "configs", "sort_words.py")).read()
+    assert "def generate" in block and "def score" in block and "register_domain" in block
+    assert block.strip() in source  # word for word: the README cannot drift from the file the test runs
+
+
+def test_a_domain_from_an_experiment_file_trains_and_is_verified_in_workers(tmp_path):
+    cfg = configs.load("sort_words:tiny")
+    score = rewards.get_reward("sort_words")
+    assert [score(t, "ant cat dog") for t in ("<think>a c d</think>\\boxed{ant cat dog}", "\\boxed{ant dog cat}",
+                                              "\\boxed{ant  cat dog", "x" * 10**6, None)] == [1.0, 0.0, 0.0, 0.0, 0.0]
+    recs = domains.generate_split("sort_words", "test", 50, seed=0)
+    assert all(domains.split_of(domains.problem_key(r)) == "test" for r in recs)
+    assert all(score(r["response"], r["answer"]) in (0.0, 1.0) for r in recs)
+    assert 0 < np.mean([score(r["response"], r["answer"]) for r in recs]) < 1  # the teacher slips sometimes
+    cfg.data.data_dir, cfg.tokenizer.path = str(tmp_path / "data"), str(tmp_path / "tok" / "t.model")
+    cfg.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
+    cfg.data.domains.sort_words.update(num_train=256, num_test=64)
+    cfg.eval.update(n=8, val_n=8, batch_size=8, max_new_tokens=24, avg_k=0)
+    cfg.reward.num_workers = 1  # a worker process: the verifier travels as (file, name)
+    cfg.stages.sft.update(steps=4, batch_size=4, seq_len=64, checkpoint_every=4)
+    cfg.stages.grpo.update(steps=1, prompts_per_step=2, group_size=2, eval_every=0, checkpoint_every=1,
+                           length_curriculum=((0, 16),))
+    summary = cascade.run(cfg, str(tmp_path / "run"), "sort_words", "tiny")
+    evals = [s["eval"]["sort_words"] for s in summary["stages"]]
+    assert [s["name"] for s in summary["stages"]] == ["sft", "grpo"]
+    assert all(e["n"] == 8 and e["verifier_errors"] == 0 and e["verifier_timeouts"] == 0 for e in evals)
