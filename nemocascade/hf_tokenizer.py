@@ -163,7 +163,7 @@ class HFTokenizer:
                                bos_token=self.bos_token or "", eos_token=self.eos_token)
 
     def to_transformers(self):
-        """The same tokenizer as a `transformers.PreTrainedTokenizerFast` (needs transformers)."""
+        """The same tokenizer as a `transformers.PreTrainedTokenizerFast` (needs transformers: the [hf] extra)."""
         from transformers import PreTrainedTokenizerFast
         return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(self._tok.to_str()),
                                        eos_token=self.eos_token, pad_token=self.pad_token, bos_token=self.bos_token,
