@@ -19,7 +19,6 @@ import json
 import os
 import sys
 
-import ml_collections
 import numpy as np
 from absl import logging
 
@@ -29,8 +28,9 @@ sys.path.insert(0, HERE)
 
 import jax  # noqa: E402
 
-from export import _read_json, resolve_stage, run_model  # noqa: E402
-from nemocascade import cascade, checkpoint, evaluation, files, stats  # noqa: E402
+
+from nemocascade import cascade, checkpoint, evaluation, files, stats, trained  # noqa: E402
+from nemocascade.trained import resolve_stage, run_model  # noqa: E402
 from nemocascade import mesh as mesh_lib  # noqa: E402
 from nemocascade.data import domains, tfds_builder  # noqa: E402
 from nemocascade.errors import BadInput  # noqa: E402
@@ -53,7 +53,7 @@ def held_out(cfg, workdir: str, domain: str, n: int) -> list[dict]:
 
 
 def report(workdir: str, before: str, after: str, judge_ref: str, n: int) -> dict:
-    cfg = ml_collections.ConfigDict(_read_json(os.path.join(workdir, "config.json"), "the run's config"))
+    cfg = trained.run_config(workdir)
     mesh = mesh_lib.make_mesh()
     model_cfg, tokenizer = run_model(cfg, workdir, mesh)
     abstract = cascade.abstract_params(model_cfg, param_shardings(model_cfg, mesh))

@@ -16,7 +16,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from conftest import ROOT, final_params
-from nemocascade import chat, sampling
+from nemocascade import chat, sampling, trained
 from nemocascade.data import domains, pipeline
 from nemocascade.errors import BadInput
 from nemocascade.hf_tokenizer import HFTokenizer
@@ -130,9 +130,34 @@ def test_bad_stage_or_workdir_is_named(run, tmp_path):
     export = _export_module()
     with pytest.raises(BadInput) as err:
         export.export(run[0], "mopd", str(tmp_path / "x"))
-    assert str(err.value) == (f"--stage=mopd: no checkpoint named 'stage:mopd'; known so far: ['stage:grpo_arith', "
+    assert str(err.value) == (f"stage 'mopd': no checkpoint named 'stage:mopd'; known so far: ['stage:grpo_arith', "
                               f"'best:math', 'best:rg_arith'] (in {run[0]}/checkpoints/registry.json)")
     with pytest.raises(BadInput, match=f"{tmp_path}/nowhere/config.json: no such file"):
         export.export(str(tmp_path / "nowhere"), "final", str(tmp_path / "x"))
-    assert export.resolve_stage(run[0], "best:rg_arith") == "grpo_arith"
+    assert trained.resolve_stage(run[0], "best:rg_arith") == "grpo_arith"
     assert not os.path.exists(tmp_path / "x")
+
+
+def test_the_trained_policy_generates_what_transformers_does_in_both_modes(run, ours):
+    # nemocascade.trained (the notebooks' and reports' way to a run's policy) against the exported model run by
+    # transformers: the same greedy text after the thinking prompt and after the empty think block
+    import torch
+    import transformers
+
+    _, tok, _ = ours
+    policy = trained.load(run[0])
+    assert policy.stage == "grpo_arith" and policy.cfg.thinking
+    model = transformers.AutoModelForCausalLM.from_pretrained(run[1], dtype=torch.float32).eval()
+    prompts = ["What is 12 + 30?", "Name a prime number."]
+    for thinking in (True, False):
+        got = policy.generate(prompts, thinking=thinking, max_new_tokens=MAX_NEW)
+        for prompt, text in zip(prompts, got):
+            ids = tok.encode(chat.render_prompt(prompt, thinking=thinking))
+            with torch.no_grad():
+                out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                     do_sample=False, max_new_tokens=MAX_NEW)[0, len(ids):].tolist()
+            out = [t for t in out if t != tok.eos_id]
+            want = (chat.THINK_OPEN + "\n" if thinking else "") + tok.decode(out)
+            assert text == want, (thinking, prompt)
+    with pytest.raises(BadInput, match="stage 'nope'"):
+        trained.load(run[0], "nope")
