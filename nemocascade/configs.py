@@ -76,3 +76,44 @@ def load(spec: str, **overrides):
             raise KeyError(f"config has no key {key!r}")
         node[leaf] = value
     return cfg
+
+
+def smoke(cfg, steps: int = 4, n: int = 8):
+    """`cfg` shrunk in place to seconds on a CPU, for notebooks run in CI and a first try of a fork: what such a run
+    learns is not the config's result. A model trained from scratch becomes 1 layer of width 32 (a pretrained one
+    keeps its architecture, cut to 2 layers); every domain 256 train and 64 test records, `n` evaluation items;
+    every stage at most `steps` steps of small batches (SFT 4 rows; RL 2 prompts x 2 rollouts of up to 16 tokens),
+    checkpointed and (where it evaluates during training) evaluated at its end; greedy evaluation only; verifiers
+    inline. Returns
+    `cfg`."""
+    if cfg.get("pretrained") and cfg.pretrained.get("kind"):
+        cfg.pretrained.num_layers = 2
+    else:
+        cfg.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
+    for domain in cfg.data.domains.values():
+        domain.update(num_train=256, num_test=64)
+        if "num_val" in domain:
+            domain.num_val = 64
+    cfg.eval.update(n=n, val_n=n, batch_size=n, max_new_tokens=min(cfg.eval.max_new_tokens, 24), avg_k=0)
+    for agent in cfg.eval.get("agents", {}).values():
+        agent.avg_k = 0
+    if cfg.get("eval_init") is not None:
+        cfg.eval_init = False
+    cfg.reward.num_workers = 0
+    shrink = {"batch_size": 4, "prompts_per_step": 2, "group_size": 2, "eval_n": n}
+    for stage in cfg.stages.values():
+        stage.steps = min(stage.steps, steps)
+        for key, value in shrink.items():
+            if key in stage:
+                stage[key] = min(stage[key], value)
+        for key, value in (("micro_batches", 1), ("prefilter_prompts", 0)):
+            if key in stage:
+                stage[key] = value
+        for key in ("checkpoint_every", "eval_every"):  # once, at the stage's end (a curve of one point)
+            if stage.get(key):
+                stage[key] = max(stage.steps, 1)
+        if "length_curriculum" in stage:
+            stage.length_curriculum = ((0, 16),)
+        if "max_new_tokens" in stage:
+            stage.max_new_tokens = min(stage.max_new_tokens, 16)
+    return cfg
