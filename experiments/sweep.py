@@ -4,7 +4,7 @@
 Each seed is an `experiments/run.py --config=... --workdir=DIR/seed_S --config.seed=S` process (its output in
 DIR/seed_S.log), with any other `--config.*` flags passed through. Resumable: run the same command again and
 every seed resumes where it stopped (a finished seed only re-reads its summary). After the seeds it writes
-DIR/sweep.json (../shared/RUN_OUTPUT.md: per stage x domain the mean over seeds with a 95% Student-t interval,
+DIR/sweep.json (docs/run_output.md: per stage x domain the mean over seeds with a 95% Student-t interval,
 and the paired gain of each stage over its start), DIR/sweep_table.md and DIR/sweep.png (means with bands).
 `--aggregate_only` re-aggregates whatever seeds have a summary.json, while others still run; `--rescore`
 evaluates every seed's finished stages again without training (run.py's flag), then aggregates.

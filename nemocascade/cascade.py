@@ -379,7 +379,7 @@ def _evaluate_stage(ctx, name, params, start, teacher_stages, *, train_s, t0=Non
     if reuse:  # what the stage trained is judged by its own held-out metrics (RM pairwise accuracy)
         rows = [r for r in load_metrics(os.path.join(ctx.workdir, "metrics.jsonl")) if r["stage"] == name]
         extra["stage_eval"] = {k: v for k, v in rows[-1].items() if k.startswith("eval/")} if rows else {}
-    if items is not None:  # paired against what the stage started from (RUN_OUTPUT.md: paired differences)
+    if items is not None:  # paired against what the stage started from (docs/run_output.md: paired differences)
         before = start or ("init" if ctx.log.summary.get("init") else None)
         extra["paired_vs_start"], avg_k = held_out.split_avg_k(held_out.paired_gains(ctx, before, items))
         if avg_k:  # each item's k-sample mean, paired with the start's on the same items

@@ -1,6 +1,6 @@
 """Pictures and tables of a run: training curves across the cascade, eval scores after each stage.
 
-Inputs are the files described in /work/shared/RUN_OUTPUT.md (``metrics.jsonl``, ``summary.json``).
+Inputs are the files described in docs/run_output.md (``metrics.jsonl``, ``summary.json``).
 The eval-by-stage view is the one METHOD.md asks the cascade to show ("after every stage, evaluate
 every domain", C1's per-stage tables): whether later stages regress earlier domains.
 """

@@ -1,6 +1,6 @@
 """What a run leaves behind: metrics.jsonl, TensorBoard, summary.json, progress lines (config.json: workdir.py).
 
-The file layout is the contract in /work/shared/RUN_OUTPUT.md; other tools read it, so the key names
+The file layout follows the shared run-output contract (docs/run_output.md); other tools read it, so the key names
 below are not ours to change:
 
 - ``summary.json``: ``{"config", "variant", "seed", "stages": [...], "total_wall_s"}``, each stage
@@ -317,7 +317,7 @@ class RunLog:
             if missing:
                 raise ValueError(
                     f"stage {name!r}: eval[{domain!r}] lacks {missing}; every domain needs "
-                    "'pass@1' and 'n' (RUN_OUTPUT.md)"
+                    "'pass@1' and 'n' (docs/run_output.md)"
                 )
             try:
                 pass1, n = float(result["pass@1"]), int(result["n"])

@@ -1,4 +1,4 @@
-"""95% intervals for what a run reports (../shared/RUN_OUTPUT.md: every evaluation carries `n` and `ci95`).
+"""95% intervals for what a run reports (docs/run_output.md: every evaluation carries `n` and `ci95`).
 
   mean_ci95(scores)          one evaluation: Wilson score interval when every score is 0 or 1 (pass@1 of a
                              verifiable reward), else a percentile bootstrap of the mean (partial-credit rewards)

@@ -1,4 +1,4 @@
-"""One config over several seeds: aggregate each seed's summary.json into sweep.json (../shared/RUN_OUTPUT.md).
+"""One config over several seeds: aggregate each seed's summary.json into sweep.json (docs/run_output.md).
 
     sweep = aggregate(config, variant, {seed: summary})
     sweep["stages"][i]["eval"][domain] = {"mean", "ci95", "n_seeds", "per_seed"}   (ci95: Student t across seeds)
