@@ -1,5 +1,6 @@
 """Every experiment config loads and validates in its default and tiny variants (bad stage references, unknown
 rewards or kinds fail here, not an hour into a run); the multi-stage cascades run end to end in `tiny` (slow)."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -7,7 +8,7 @@ import sys
 
 import pytest
 
-from nemocascade import cascade, configs, held_out
+from nemocascade import cascade, config_help, configs, held_out
 from nemocascade.errors import BadInput
 
 NAMES = configs.known_configs()
@@ -198,3 +199,18 @@ def test_an_agent_entry_has_every_key_and_refuses_unknown_ones():
                                               "max_obs_tokens": 128, "avg_k": 3}
     with pytest.raises(BadInput, match="max_tokens"):
         held_out.agent(2, 64, max_tokens=3)
+
+
+def test_every_config_key_has_a_meaning_and_the_reference_is_current():
+    missing = {}
+    for name in NAMES:
+        for variant in ("", ":tiny"):
+            for key in config_help.missing(configs.flatten(configs.load(name + variant).to_dict())):
+                missing.setdefault(key, name + variant)
+    assert not missing, f"keys with no meaning in nemocascade/config_help.py: {missing}"
+    spec = importlib.util.spec_from_file_location("config_reference", os.path.join(ROOT, "experiments",
+                                                                                   "config_reference.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with open(module.OUT) as f:
+        assert f.read() == module.reference(), "stale: python experiments/config_reference.py rewrites it"
