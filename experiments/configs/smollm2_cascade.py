@@ -9,7 +9,7 @@ own BPE tokenizer, ChatML in thinking mode) -> SFT on formatted traces -> GRPO o
 
 `math` (ours) has SFT traces from an imperfect teacher that drops the first carry or borrow, the RL headroom of
 `cascade_math`; `rg_arith` (reasoning-gym chain_sum, two 2-digit terms) was chosen on validation with
-`experiments/smollm2_tasks.py` (README "SmolLM2 through the cascade"). Both are graded exactly by the boxed-answer
+`experiments/smollm2_tasks.py` (docs/results/smollm2_cascade.md). Both are graded exactly by the boxed-answer
 verifier. Before SFT the model scores 0% on both: it answers in prose and never writes `\\boxed{}`.
 
 Paper defaults (METHOD.md): KL 0, temperature 1, top-p 1, 16 rollouts per prompt, overlong filtering and
