@@ -22,7 +22,8 @@ sys.path.insert(0, os.path.dirname(HERE))  # run from a checkout without install
 
 
 def resolve_config_arg(argv: list[str]) -> list[str]:
-    """`--config=cascade_math:tiny` -> `--config=<repo>/experiments/configs/cascade_math.py:tiny`."""
+    """`--config=cascade_math:tiny` -> `--config=<repo>/experiments/configs/cascade_math.py:tiny`, and a list-valued
+    `--config.KEY=a,b` -> `--config.KEY=('a', 'b')` (`configs.expand_list_overrides`)."""
     from nemocascade import configs
 
     out = []
@@ -35,6 +36,13 @@ def resolve_config_arg(argv: list[str]) -> list[str]:
             a = f"--config={path}" + (f":{variant}" if variant else "")
             configs.add_import_dir(path)  # ml_collections loads the file itself: `from _common import ...` must work
         out.append(a)
+    spec = next((a[len("--config="):] for a in out if a.startswith("--config=")), None)
+    if spec and any(a.startswith("--config.") for a in out):
+        try:
+            cfg = configs.load(spec)
+        except Exception:  # a config that fails to load: absl's parse reports its own error
+            return out
+        out = configs.expand_list_overrides(out, cfg)  # --config.stages.grpo.domains=math,if
     return out
 
 

@@ -51,6 +51,31 @@ def flatten(tree: dict, prefix: str = "") -> dict:
     return out
 
 
+def expand_list_overrides(argv: list[str], cfg) -> list[str]:
+    """`--config.KEY=a,b` -> `--config.KEY=('a', 'b')` where `cfg`'s value at KEY is a tuple or list and the value is
+    a bare comma-separated list (ml_collections parses only a Python literal for a tuple: `a,b` is refused and `a`
+    becomes `('a',)`). Items that read as numbers become numbers; a value already in brackets, parentheses or quotes
+    is left as it is."""
+    flat = flatten(cfg.to_dict())
+    out = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if (eq and key.startswith("--config.") and isinstance(flat.get(key[len("--config."):]), (tuple, list))
+                and "," in value and value.strip()[:1] not in ("(", "[", "'", '"')):
+            items = []
+            for item in (v.strip() for v in value.split(",") if v.strip()):
+                try:
+                    items.append(int(item))
+                except ValueError:
+                    try:
+                        items.append(float(item))
+                    except ValueError:
+                        items.append(item)
+            arg = f"{key}={tuple(items)!r}"
+        out.append(arg)
+    return out
+
+
 def add_import_dir(path: str) -> None:
     """Let the config file at `path` import its folder's shared pieces (`from _common import ...`), as it could
     when run as a script."""

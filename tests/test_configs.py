@@ -176,7 +176,8 @@ import run
 run.parse_flags(run.resolve_config_arg(["run.py", *sys.argv[1:]]))
 c = run._CONFIG.value
 print(json.dumps({"agents": c.eval.agents.to_dict(), "data_seed": c.data.seed, "order": list(c.stage_order),
-                  "avg_k_domains": c.eval.avg_k_domains}))
+                  "avg_k_domains": c.eval.avg_k_domains, "domains": list(c.stages.rl_multi.domains),
+                  "curriculum": [list(x) for x in c.stages.rl_multi.length_curriculum]}))
 """
 
 
@@ -184,14 +185,27 @@ def test_documented_overrides_parse_on_the_command_line():
     # run.py's own flag parsing: keys read with a default (an agent's avg_k, data.seed, eval.avg_k_domains) exist in
     # the configs, so the README's overrides are accepted; a comma-separated stage order is a list of stages
     args = ["--config=swe_agent", "--config.eval.agents.multi.avg_k=4", "--config.data.seed=0",
-            "--config.eval.avg_k_domains=all", "--config.stage_order=sft,rl_multi"]
+            "--config.eval.avg_k_domains=all", "--config.stage_order=sft,rl_multi",
+            "--config.stages.rl_multi.domains=swe,swe_retry", "--config.stages.rl_multi.length_curriculum=((0,64),)"]
     out = subprocess.run([sys.executable, "-c", PARSE, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["agents"]["multi"] == {"max_turns": 3, "max_new_tokens": 112, "max_total_tokens": 448,
                                       "max_obs_tokens": 160, "avg_k": 4}
     assert got["agents"]["single"]["avg_k"] == 0 and got["data_seed"] == 0 and got["avg_k_domains"] == "all"
-    assert configs.parse_stage_order(got["order"]) == ["sft", "rl_multi"]
+    assert got["order"] == ["sft", "rl_multi"]  # a comma-separated list is a list (configs.expand_list_overrides)
+    assert got["domains"] == ["swe", "swe_retry"] and got["curriculum"] == [[0, 64]]
+
+
+def test_bare_comma_lists_become_tuples_of_the_keys_that_are_tuples():
+    cfg = configs.load("cascade_math")
+    argv = ["run.py", "--config.stages.grpo.domains=math,if", "--config.stages.grpo.optim.freeze=embed",
+            "--config.stage_order=sft, grpo", "--config.stages.grpo.steps=3,4", "--config.stages.grpo.domains=('a',)",
+            "--config.stages.grpo.length_curriculum=0,64"]
+    assert configs.expand_list_overrides(argv, cfg) == [
+        "run.py", "--config.stages.grpo.domains=('math', 'if')", "--config.stages.grpo.optim.freeze=embed",
+        "--config.stage_order=('sft', 'grpo')", "--config.stages.grpo.steps=3,4",  # not a tuple key: absl's error
+        "--config.stages.grpo.domains=('a',)", "--config.stages.grpo.length_curriculum=(0, 64)"]
 
 
 def test_an_agent_entry_has_every_key_and_refuses_unknown_ones():

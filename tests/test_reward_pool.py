@@ -144,7 +144,8 @@ def _load_by_path(path, name):
 
 
 def test_a_verifier_defined_in_a_file_loaded_by_path_scores_in_workers(tmp_path):
-    # a config file that registers a domain's verifier (README "A new domain and its verifier"); its folder's own modules import
+    # a config file that registers a domain's verifier (README "A new domain and its verifier"); its folder's own
+    # modules import
     (tmp_path / "_helper.py").write_text("BONUS = 1.0\n")
     (tmp_path / "my_config.py").write_text(
         "import functools\nfrom _helper import BONUS\n"

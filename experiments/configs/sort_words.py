@@ -1,7 +1,8 @@
-"""A new domain with its verifier, defined in an experiment file (README "A new domain and its verifier"): `sort_words`, put 3-5
-words in alphabetical order. The generator makes records in the record contract (data/domains.py), the verifier
-scores the last \\boxed{} after </think>, and the cascade is SFT on an imperfect teacher (it swaps two words on
-30% of the problems) -> GRPO on the verifiable reward, evaluated after every stage like any domain.
+"""A new domain with its verifier, defined in an experiment file (README "A new domain and its verifier"):
+`sort_words`, put 3-5 words in alphabetical order. The generator makes records in the record contract
+(data/domains.py), the verifier scores the last \\boxed{} after </think>, and the cascade is SFT on an imperfect
+teacher (it swaps two words on 30% of the problems) -> GRPO on the verifiable reward, evaluated after every stage
+like any domain.
 
     python experiments/run.py --config=sort_words
     python experiments/run.py --config=sort_words:tiny    # about two minutes (tests/test_extension.py runs it)
