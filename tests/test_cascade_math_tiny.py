@@ -1,14 +1,17 @@
 """The README's main job in its `tiny` variant, through the real CLI: SFT then GRPO, summary.json with
-both stages evaluated, GRPO metrics per step, resumable (a second invocation does no work)."""
+both stages evaluated, GRPO metrics per step, resumable (a second invocation does no work). GRPO runs 13 of its 24
+steps (both length sub-stages; it keeps the default suite within CI's 20 minutes)."""
 import json
 
 from conftest import distinct_items
 from nemocascade import configs
 
+GRPO_STEPS = ("--config.stages.grpo.steps=13",)  # the curriculum moves 64 -> 80 tokens at step 12
+
 
 def test_cascade_math_tiny_end_to_end(tmp_path, run_cli):
     workdir = tmp_path / "run"
-    run_cli("cascade_math:tiny", workdir)
+    run_cli("cascade_math:tiny", workdir, *GRPO_STEPS)
     summary = json.load(open(workdir / "summary.json"))
     assert [s["name"] for s in summary["stages"]] == ["sft", "grpo"]
     test_n = distinct_items(configs.load("cascade_math:tiny"), "math", "test", 64)  # distinct problems of 64
@@ -20,7 +23,7 @@ def test_cascade_math_tiny_end_to_end(tmp_path, run_cli):
         assert e["k"] == 4 and 0 <= e["avg@k_ci95"][0] <= e["avg@k"] <= e["avg@k_ci95"][1] <= 1
     rows = [json.loads(line) for line in open(workdir / "metrics.jsonl")]
     grpo = [r for r in rows if r["stage"] == "grpo"]
-    assert [r["step"] for r in grpo] == list(range(len(grpo))) and len(grpo) == summary["stages"][1]["steps"]
+    assert [r["step"] for r in grpo] == list(range(len(grpo))) and len(grpo) == summary["stages"][1]["steps"] == 13
     for key in ("reward", "reward/math", "pass_rate/math", "zero_var_frac", "response_len", "truncation_rate",
                 "entropy", "grad_norm", "logp_mismatch", "generate_s", "score_s", "train_s"):
         assert all(key in r for r in grpo), key
@@ -34,5 +37,5 @@ def test_cascade_math_tiny_end_to_end(tmp_path, run_cli):
     assert {r["max_new_tokens"] for r in grpo} == {64, 80}  # both length sub-stages ran
     for png in ("curves.png", "eval_by_stage.png"):
         assert (workdir / "plots" / png).stat().st_size > 1000
-    again = run_cli("cascade_math:tiny", workdir, timeout=300, check=False)
+    again = run_cli("cascade_math:tiny", workdir, *GRPO_STEPS, timeout=300, check=False)
     assert again.returncode == 0 and "already done" in again.stdout, again.stdout[-2000:]
