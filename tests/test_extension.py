@@ -116,3 +116,21 @@ def test_a_domain_from_an_experiment_file_trains_and_is_verified_in_workers(tmp_
     evals = [s["eval"]["sort_words"] for s in summary["stages"]]
     assert [s["name"] for s in summary["stages"]] == ["sft", "grpo"]
     assert all(e["n"] == 8 and e["verifier_errors"] == 0 and e["verifier_timeouts"] == 0 for e in evals)
+
+
+def strict_math(completion, answer):
+    """A stricter math reward for the README's example: the boxed text must equal the answer as written."""
+    from nemocascade.rewards.math import last_boxed
+    return float(last_boxed(completion or "") == answer)
+
+
+def test_the_readmes_reward_example_trains_one_stage_on_it(monkeypatch):
+    monkeypatch.setitem(rewards.REWARDS, "math_strict", None)  # the example registers it; restored afterwards
+    cfg = configs.load("cascade_math")
+    exec(_readme_example("a reward"), {"rewards": rewards, "score": strict_math, "c": cfg})
+    cascade.validate(cfg)
+    from nemocascade.stages import common
+    assert common.stage_rewards(cfg.stages.grpo) == {"math": strict_math}  # the stage trains on it
+    assert common.stage_rewards(cfg.stages.sft) == {"math": rewards.get_reward("math")}  # the others keep math's
+    assert rewards.get_reward("math") is not strict_math  # and so does evaluation (the domain's own)
+    assert [strict_math(t, "0.5") for t in ("\\boxed{0.5}", "\\boxed{1/2}")] == [1.0, 0.0]
