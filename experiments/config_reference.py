@@ -75,7 +75,8 @@ def reference() -> str:
             if generic in seen:
                 continue
             seen.add(generic)
-            shown = value if generic == key else {k[len(generic.split('.')[0]) + 1:]: v for k, v in flat.items()
+            prefix = generic.split(".")[0] + "."  # a generic key (objective.<term>) shows all it stands for
+            shown = value if generic == key else {k.removeprefix(prefix): v for k, v in flat.items()
                                                   if config_help.stage_key(k) == generic}
             lines.append(f"| `{generic}` | {_cell(shown)} | {config_help.STAGE_KEYS[generic]} |")
     return "\n".join(lines) + "\n"

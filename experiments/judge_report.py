@@ -28,9 +28,7 @@ sys.path.insert(0, HERE)
 
 import jax  # noqa: E402
 
-
-from nemocascade import cascade, checkpoint, evaluation, files, stats, trained  # noqa: E402
-from nemocascade.trained import resolve_stage, run_model  # noqa: E402
+from nemocascade import cascade, evaluation, files, stats, trained  # noqa: E402
 from nemocascade import mesh as mesh_lib  # noqa: E402
 from nemocascade.data import domains, tfds_builder  # noqa: E402
 from nemocascade.errors import BadInput  # noqa: E402
@@ -55,12 +53,11 @@ def held_out(cfg, workdir: str, domain: str, n: int) -> list[dict]:
 def report(workdir: str, before: str, after: str, judge_ref: str, n: int) -> dict:
     cfg = trained.run_config(workdir)
     mesh = mesh_lib.make_mesh()
-    model_cfg, tokenizer = run_model(cfg, workdir, mesh)
+    model_cfg, tokenizer = trained.run_model(cfg, workdir, mesh)
     abstract = cascade.abstract_params(model_cfg, param_shardings(model_cfg, mesh))
 
     def params_of(ref):
-        name = resolve_stage(workdir, ref)
-        return checkpoint.load_params(os.path.join(workdir, "checkpoints", "final", name), abstract)
+        return trained.stage_params(workdir, ref, abstract)[2]
 
     records = held_out(cfg, workdir, "pref", n)
     e = cfg.eval

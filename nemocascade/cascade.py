@@ -155,12 +155,15 @@ def _corpus(sources, n):
     return texts
 
 
+DATA_SEED_FROM_RUN = -1  # config.data.seed's default: the records are drawn with the run's seed
+
+
 def data_seed(cfg) -> int:
     """The seed the domains' train/test/validation records are drawn with: `data.seed`, or the run's `seed` when
     it is -1 or absent. Fixing it (`--config.data.seed=0`) varies only training across a sweep's seeds, on one
     data draw: the way to share a finished stage (e.g. seed 0's SFT) between seeds without a test item of one
     seed's draw in another's training split."""
-    seed = cfg.data.get("seed", -1)
+    seed = cfg.data.get("seed", DATA_SEED_FROM_RUN)
     return cfg.seed if seed < 0 else int(seed)
 
 
@@ -272,7 +275,7 @@ def _redo_from(ctx, first: str, changes) -> None:
 
 
 # run keys added since workdirs were recorded, at the value of the old behaviour
-ADDED_RUN_KEYS = {"data.seed": -1, "eval.avg_k_domains": "trained"}
+ADDED_RUN_KEYS = {"data.seed": DATA_SEED_FROM_RUN, "eval.avg_k_domains": held_out.AVG_K_DOMAINS[0]}
 
 
 def stage_defaults(cfg) -> dict:

@@ -62,18 +62,18 @@ def expand_list_overrides(argv: list[str], cfg) -> list[str]:
         key, eq, value = arg.partition("=")
         if (eq and key.startswith("--config.") and isinstance(flat.get(key[len("--config."):]), (tuple, list))
                 and "," in value and value.strip()[:1] not in ("(", "[", "'", '"')):
-            items = []
-            for item in (v.strip() for v in value.split(",") if v.strip()):
-                try:
-                    items.append(int(item))
-                except ValueError:
-                    try:
-                        items.append(float(item))
-                    except ValueError:
-                        items.append(item)
-            arg = f"{key}={tuple(items)!r}"
+            arg = f"{key}={tuple(_number_or_text(v.strip()) for v in value.split(',') if v.strip())!r}"
         out.append(arg)
     return out
+
+
+def _number_or_text(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def add_import_dir(path: str) -> None:
@@ -109,8 +109,7 @@ def smoke(cfg, steps: int = 4, n: int = 8):
     keeps its architecture, cut to 2 layers); every domain 256 train and 64 test records, `n` evaluation items;
     every stage at most `steps` steps of small batches (SFT 4 rows; RL 2 prompts x 2 rollouts of up to 16 tokens),
     checkpointed and (where it evaluates during training) evaluated at its end; greedy evaluation only; verifiers
-    inline. Returns
-    `cfg`."""
+    inline. Returns `cfg`."""
     if cfg.get("pretrained") and cfg.pretrained.get("kind"):
         cfg.pretrained.num_layers = 2
     else:

@@ -15,7 +15,7 @@ from nemocascade.stages import common
 
 # config.eval.avg_k_domains: which domains an RL stage's avg@k covers. "trained": its own (cheaper); "all": every
 # domain, so that each stage's avg@k has a paired comparison with its start's on every domain
-AVG_K_DOMAINS = ("trained", "all")
+AVG_K_DOMAINS = ("trained", "all")  # the first is the default
 VAL_N = 200  # validation items per domain after each stage, unless config.eval.val_n says otherwise (0: all)
 AGENT_KEYS = ("max_turns", "max_new_tokens", "max_total_tokens", "max_obs_tokens", "envs", "avg_k")
 # an agent evaluation's optional keys at their defaults: 0 = no episode budget beyond max_turns x max_new_tokens;
@@ -27,10 +27,18 @@ def agent(max_turns: int, max_new_tokens: int, **kw) -> dict:
     """A `config.eval.agents` entry with every optional key present (`AGENT_DEFAULTS`, overridden by `kw`), so
     that each can be set from the command line (`--config.eval.agents.multi.avg_k=4`); `envs` stays optional
     (domain -> environment, else the domain's own)."""
-    unknown = sorted(set(kw) - set(AGENT_KEYS))
-    if unknown:
-        raise BadInput(f"agent evaluation: unknown key(s) {unknown}; known: {list(AGENT_KEYS)}")
+    _check_agent_keys("agent evaluation", kw)
     return {"max_turns": max_turns, "max_new_tokens": max_new_tokens} | AGENT_DEFAULTS | kw
+
+
+def _check_agent_keys(where: str, keys) -> None:
+    unknown = sorted(set(keys) - set(AGENT_KEYS))
+    if unknown:
+        raise BadInput(f"{where}: unknown key(s) {unknown}; known: {list(AGENT_KEYS)}")
+
+
+def avg_k_domains(cfg) -> str:
+    return cfg.eval.get("avg_k_domains", AVG_K_DOMAINS[0])
 
 
 def validate(cfg) -> None:
@@ -43,12 +51,10 @@ def validate(cfg) -> None:
         raise BadInput("config.eval: avg_k must be >= 0 (0: greedy only), temperature > 0 and 0 < top_p <= 1; got "
                        + ", ".join(f"{k}={v}" for k, v in sampled.items()))
     for name, agent in cfg.eval.get("agents", {}).items():
-        unknown = sorted(set(agent) - set(AGENT_KEYS))
-        if unknown:
-            raise BadInput(f"config.eval.agents.{name}: unknown key(s) {unknown}; known: {list(AGENT_KEYS)}")
-        if agent.get("avg_k", 0) < 0:
+        _check_agent_keys(f"config.eval.agents.{name}", agent)
+        if agent.get("avg_k", AGENT_DEFAULTS["avg_k"]) < 0:
             raise BadInput(f"config.eval.agents.{name}.avg_k must be >= 0 (0: greedy only), got {agent.avg_k}")
-    if cfg.eval.get("avg_k_domains", "trained") not in AVG_K_DOMAINS:
+    if avg_k_domains(cfg) not in AVG_K_DOMAINS:
         raise BadInput(f"config.eval.avg_k_domains={cfg.eval.avg_k_domains!r}: one of {AVG_K_DOMAINS}")
     for set_name in cfg.eval.get("sets", {}):
         if set_name not in evaluation.EVAL_SETS:
@@ -74,7 +80,7 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
     if rl:  # an RL stage samples at its own settings
         sampled |= {"temperature": stage.temperature, "top_p": stage.top_p}
     if split == "test" and sampled["avg_k"]:
-        own_only = rl and ctx.cfg.eval.get("avg_k_domains", "trained") == "trained"
+        own_only = rl and avg_k_domains(ctx.cfg) == "trained"
         sampled_domains = tuple(stage.domains if own_only else ctx.cfg.data.domains)
     for i, domain in enumerate(ctx.cfg.data.domains):
         records = ctx.eval_records(domain, split, n or None)  # distinct items only
@@ -88,7 +94,7 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
             params, ctx.model_cfg, ctx.tokenizer, records, [envs.env_name(domain, agent.get("envs"))] * len(records),
             agent_settings(ctx, agent), batch_size=ctx.cfg.eval.batch_size, rng=jax.random.key(2000 + i),
             mesh=ctx.mesh, desc=f"eval {split} {domain}@{name}", temperature=sampled["temperature"],
-            top_p=sampled["top_p"], avg_k=agent.get("avg_k", 0) if split == "test" else 0)
+            top_p=sampled["top_p"], avg_k=agent.get("avg_k", AGENT_DEFAULTS["avg_k"]) if split == "test" else 0)
     for name, sc in ctx.cfg.eval.get("sets", {}).items() if split == "test" else ():
         settings = common.eval_settings(ctx) | {k: sc[k] for k in ("max_prompt_len", "max_new_tokens") if k in sc}
         if name not in ctx.eval_sets:

@@ -90,19 +90,26 @@ class Policy:
         e = self.cfg.eval
         texts, _ = evaluation.generate(
             self.params, self.model_cfg, self.tokenizer, records, batch_size=batch_size,
-            max_prompt_len=max(e.max_prompt_len, 8), max_new_tokens=max_new_tokens or e.max_new_tokens,
+            max_prompt_len=e.max_prompt_len, max_new_tokens=max_new_tokens or e.max_new_tokens,
             rng=jax.random.key(seed), thinking=self.cfg.thinking if thinking is None else thinking, greedy=greedy,
             temperature=temperature, top_p=top_p, mesh=self.mesh)
         return texts
 
 
-def load(workdir: str, stage: str = "final", mesh=None) -> Policy:
-    """The policy `stage` of the run in `workdir` left in checkpoints/final/ (a LoRA stage's holds merged params).
-    `mesh`: default, every device of this machine on the data axis, whatever mesh the run trained on."""
-    cfg = run_config(workdir)
+def stage_params(workdir: str, stage: str, abstract) -> tuple[str, str, dict]:
+    """(stage name, path, params) of `stage` (`resolve_stage`) as the run left them in checkpoints/final/ (a LoRA
+    stage's hold merged params), read into `abstract` (`cascade.abstract_params`)."""
     name = resolve_stage(workdir, stage)
     path = os.path.join(workdir, "checkpoints", "final", name)  # where the run wrote it (cascade._final_path)
+    return name, path, checkpoint.load_params(path, abstract)
+
+
+def load(workdir: str, stage: str = "final", mesh=None) -> Policy:
+    """The policy `stage` of the run in `workdir`. `mesh`: default, every device of this machine
+    (`mesh.make_mesh()`), whatever mesh the run trained on."""
+    cfg = run_config(workdir)
     mesh = mesh_lib.make_mesh() if mesh is None else mesh
     model_cfg, tokenizer = run_model(cfg, workdir, mesh)
-    params = checkpoint.load_params(path, cascade.abstract_params(model_cfg, param_shardings(model_cfg, mesh)))
+    abstract = cascade.abstract_params(model_cfg, param_shardings(model_cfg, mesh))
+    name, path, params = stage_params(workdir, stage, abstract)
     return Policy(params, model_cfg, tokenizer, cfg, mesh, name, path)

@@ -54,6 +54,7 @@ _STOP = b"stop"  # not a valid pickle, so no task can look like it
 _READY = b"ready"
 _BOOT_TIMEOUT_S = 120.0  # interpreter start + imports; generous for a loaded machine
 _LOADING, _LOADED = "loading", "loaded"  # a worker's notes around loading a new fn (its module's import)
+OUTCOMES = ("timeouts", "errors", "crashes")  # the keys of VerifierPool.last_stats
 _FILE_MODULES: dict[str, object] = {}  # path -> module, in a worker: files loaded by `_file_function`
 
 
@@ -99,7 +100,6 @@ def portable(fn):
     if not os.path.isfile(path) or "." in name:
         return fn  # no file to run (a module made in memory): the workers' load error names it
     return _ByFile(os.path.abspath(path), name)
-OUTCOMES = ("timeouts", "errors", "crashes")  # the keys of VerifierPool.last_stats
 
 
 def _worker_main(conn) -> None:
@@ -217,9 +217,8 @@ class VerifierPool:
                 raise TypeError(f"items[{k}] must be a tuple of fn's arguments, got {type(item).__name__}")
         items = [tuple(item) for item in items]
         if self.num_workers:
-            fn = portable(fn)
             try:
-                pickle.dumps(fn)
+                fn_blob = pickle.dumps(portable(fn))  # the same bytes for every item: a worker loads fn once
             except Exception as e:
                 raise TypeError(f"VerifierPool needs a picklable module-level fn, got {fn!r}: {e}") from e
         with self._lock:
@@ -227,14 +226,13 @@ class VerifierPool:
             if self.num_workers == 0:
                 results = [_call_inline(fn, args, timeout_s, stats) for args in items]
             else:
-                results = self._run(fn, items, timeout_s, stats)
+                results = self._run(fn_blob, items, timeout_s, stats)
             self.last_stats = stats
             return results
 
-    def _run(self, fn, items: list[tuple], timeout_s: float, stats: dict[str, int]) -> list[float]:
+    def _run(self, fn_blob: bytes, items: list[tuple], timeout_s: float, stats: dict[str, int]) -> list[float]:
         results = [0.0] * len(items)  # anything that never reports back keeps 0.0
         queue = iter(range(len(items)))
-        fn_blob = pickle.dumps(fn)  # the same bytes for every item: a worker loads fn once
 
         def dispatch(i: int) -> None:
             """Give worker i the next item (pickled here, so a bad item cannot break the pipe)."""
