@@ -257,3 +257,31 @@ def test_compound_pref_requests_many_distinct_held_out_and_both_parts_required()
     assert pref.judge(half, spec) == 1.0 and pref.judge(half, spec | {"require_all": True}) == pytest.approx(2 / 3)
     both = half + " Coffee has a rich, warm taste."
     assert pref.judge(both, spec | {"require_all": True}) == 1.0
+
+
+def test_compound_off_topic_answers_miss_a_part_in_each_of_four_ways():
+    """The judge's negatives cover the mistakes RLHF made against a judge shown only one of them."""
+    from nemocascade.data import preference
+    from nemocascade.rewards import pref
+
+    rng = np.random.default_rng(0)
+    topics = sorted(preference.TOPICS)
+    p1 = ("sleep", "tip", preference.TOPICS["sleep"][1]["tip"][0])
+    p2 = ("coffee", "fact", preference.TOPICS["coffee"][1]["fact"][1])
+    spec = {"keywords": ["sleep", "coffee"], "require_all": True, "min_words": 3, "max_words": 20}
+    seen = {}
+    for _ in range(200):
+        r = preference.compound_off_topic(rng, p1, p2, topics)
+        sents = [s.strip() + "." for s in r.split(".") if s.strip()]
+        if sents == [p1[2]] or sents == [p2[2]]:
+            how = "one_part"
+        elif sents[0] == p1[2] and "sleep" in sents[1].lower():
+            how = "one_topic"
+        elif sents[0] == p1[2]:
+            how = "second"
+        else:
+            assert sents[1] == p2[2] and "sleep" not in sents[0].lower(), r
+            how = "first"
+        seen[how] = seen.get(how, 0) + 1
+        assert pref.judge(r, spec) == pytest.approx(2 / 3), r  # helpful, no repeat, short: only the topic fails
+    assert set(seen) == set(preference.OFF_TOPIC_PARTS) and min(seen.values()) > 25

@@ -45,5 +45,5 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
 
 
 register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="1",
+    name=DOMAIN, generate=generate, version="2",
     description="judge which of a 'pref' request's two answers is better (a generative judge's SFT data)"))

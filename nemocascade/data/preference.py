@@ -264,13 +264,34 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
     return records
 
 
+OFF_TOPIC_PARTS = ("second", "first", "one_part", "one_topic")
+
+
+def compound_off_topic(rng, part1, part2, topics) -> str:
+    """An off-topic answer to a two-part request, one of ``OFF_TOPIC_PARTS`` at random: the second part or the
+    first answered about a third topic, one part left out, or both sentences about the first topic. A policy
+    under RLHF makes all four mistakes (runs/genrm_sweep: the judge, shown only the first, let the others through),
+    so a judge learning from these pairs must see them all. ``part`` = (topic, aspect, chosen sentence)."""
+    (t1, a1, s1), (t2, a2, s2) = part1, part2
+    how = OFF_TOPIC_PARTS[int(rng.integers(len(OFF_TOPIC_PARTS)))]
+    if how in ("second", "first"):
+        other = [t for t in topics if t not in (t1, t2)][int(rng.integers(len(topics) - 2))]
+        if how == "second":
+            return f"{s1} {TOPICS[other][1][a2][int(rng.integers(3))]}"
+        return f"{TOPICS[other][1][a1][int(rng.integers(3))]} {s2}"
+    if how == "one_part":
+        return (s1, s2)[int(rng.integers(2))]
+    same = [s for s in TOPICS[t1][1][a2] if s != s1]
+    return f"{s1} {same[int(rng.integers(len(same)))]}"
+
+
 def compound_request(rng, kind_names, kind_p, split, test_every: int, teacher_error_rate: float) -> dict | None:
     """One two-part request ("Give one tip for sleep. Tell me one thing about coffee."), or None when its key
     falls in another split. Two distinct topics, an aspect each, one sentence each: 16 x 15 x 3 x 3 = 2,160
     requests, split by the pair (its ``id`` here is the key; `generate` prefixes the rest). The chosen answer is
     one sentence per part; the proxy judge asks for both topics' keywords (``require_all``). Rejected kinds as
-    single requests, but off-topic answers the second part about a third topic (one part missed: the held-out
-    split is compositional, every single sentence also occurs in training)."""
+    single requests, but an off-topic one misses one part (`compound_off_topic`; the held-out split is
+    compositional, every single sentence also occurs in training)."""
     topics, aspects = sorted(TOPICS), sorted(ASPECTS)
     i, j = rng.choice(len(topics), 2, replace=False)
     (t1, t2), (a1, a2) = (topics[i], topics[j]), (aspects[int(rng.integers(3))], aspects[int(rng.integers(3))])
@@ -284,8 +305,7 @@ def compound_request(rng, kind_names, kind_p, split, test_every: int, teacher_er
     chosen_sents, max_words = [s1, s2], 2 * WORDS_PER_SENTENCE
     kind = kind_names[int(rng.choice(len(kind_names), p=kind_p))]
     if kind == "off_topic":
-        other = [t for t in topics if t not in (t1, t2)][int(rng.integers(len(topics) - 2))]
-        rejected = f"{s1} {TOPICS[other][1][a2][int(rng.integers(3))]}"
+        rejected = compound_off_topic(rng, (t1, a1, s1), (t2, a2, s2), topics)
     else:
         rejected = rejected_answer(kind, t1, a1, chosen_sents, max_words, rng, [])
     slipped = bool(rng.random() < teacher_error_rate)
@@ -303,5 +323,5 @@ def compound_request(rng, kind_names, kind_p, split, test_every: int, teacher_er
 
 
 register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="1",
+    name=DOMAIN, generate=generate, version="2",
     description="chat preferences: chosen vs verbose / repetitive / off-topic / unhelpful answers (RLHF)"))
