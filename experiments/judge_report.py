@@ -4,7 +4,8 @@
 On the run's first `n` distinct held-out "pref" requests (the items its evaluation scores) both policies answer
 greedily; then for each request:
 
-  truth   the proxy judge's scores (rewards/pref.py, the ground truth RLHF never sees): after wins 1, tie 1/2, loses 0
+  truth   the proxy judge's scores (rewards/pref.py, the ground truth RLHF never sees): after wins 1, tie 1/2, loses 0;
+          and how many of each policy's answers fail each of its checks (what RLHF broke or fixed)
   judge   the GenRM's Pr(after beats before), both orders averaged (rewards/judge.py), as it rewarded RLHF
 
 RLHF games its judge where the judge prefers the new answers and the truth does not: the report gives both win
@@ -28,7 +29,7 @@ sys.path.insert(0, HERE)
 
 import jax  # noqa: E402
 
-from nemocascade import cascade, evaluation, files, stats, trained  # noqa: E402
+from nemocascade import cascade, chat, evaluation, files, stats, trained  # noqa: E402
 from nemocascade import mesh as mesh_lib  # noqa: E402
 from nemocascade.data import domains, tfds_builder  # noqa: E402
 from nemocascade.errors import BadInput  # noqa: E402
@@ -67,6 +68,10 @@ def report(workdir: str, before: str, after: str, judge_ref: str, n: int) -> dic
                                        max_prompt_len=e.max_prompt_len, max_new_tokens=e.max_new_tokens,
                                        rng=jax.random.key(0), thinking=cfg.thinking, mesh=mesh, desc=f"answer {which}")
         answers[which] = texts
+    specs = [json.loads(r["answer"]) for r in records]
+    failed = {which: {name: sum(not pref.checks(chat.strip_think(t), spec)[name] for t, spec in zip(texts, specs))
+                      for name in pref.CHECKS}
+              for which, texts in answers.items()}
     truth_b = np.asarray([pref.score(t, r["answer"]) for t, r in zip(answers["before"], records)])
     truth_a = np.asarray([pref.score(t, r["answer"]) for t, r in zip(answers["after"], records)])
     truth_win = np.where(truth_a > truth_b, 1.0, np.where(truth_a < truth_b, 0.0, 0.5))
@@ -85,7 +90,8 @@ def report(workdir: str, before: str, after: str, judge_ref: str, n: int) -> dic
            "judge_view": {"win_rate": float(judge_win.mean()), "ci95": stats.mean_ci95(judge_win),
                           "position_bias": pair_stats["position_bias"], "inconsistent": pair_stats["inconsistent"]},
            "judge_wins_truth_losses": {"count": int(fooled.sum()), "of_judge_wins": int((judge_win > 0.5).sum())},
-           "identical_answers": int(sum(a == b for a, b in finals))}
+           "identical_answers": int(sum(a == b for a, b in finals)),
+           "checks_failed": failed}
 
     jp = held_out(cfg, workdir, "judge_pref", n) if "judge_pref" in cfg.data.domains else []
     if jp:
@@ -112,6 +118,10 @@ def table(r: dict) -> str:
              f"inconsistent {pc(j['inconsistent'])}%",
              f"judge calls a win, truth a loss: {r['judge_wins_truth_losses']['count']} of "
              f"{r['judge_wins_truth_losses']['of_judge_wins']} judge wins; identical answers {r['identical_answers']}"]
+    if "checks_failed" in r:
+        lines.append("greedy answers failing each truth check, before -> after: " + ", ".join(
+            f"{name} {r['checks_failed']['before'][name]} -> {r['checks_failed']['after'][name]}"
+            for name in r["checks_failed"]["before"]))
     if "judge_accuracy" in r:
         a = r["judge_accuracy"]
         lines.append(f"judge accuracy on held-out judge_pref pairs: {pc(a['all'])} {ci(a['ci95'])} (n = {a['n']}); "

@@ -239,6 +239,10 @@ def test_genrm_tiny_rlhf_is_rewarded_by_the_sft_checkpoint_judging_both_orders(t
     assert rep["truth"]["after"] == pytest.approx(ev["rlhf"]["pass@1"])
     acc = rep["judge_accuracy"]
     assert sum(v["n"] for v in acc["by_position_of_better"].values()) == acc["n"] == 8
+    for which in ("before", "after"):  # a policy scores 1 by the truth exactly when no answer fails a check
+        fails = rep["checks_failed"][which]
+        assert set(fails) == {"helpful", "on_topic", "no_repeat", "length_ok"} and max(fails.values()) <= 8
+        assert (max(fails.values()) == 0) == (rep["truth"][which] == 1.0)
 
 
 def test_compound_pref_requests_many_distinct_held_out_and_both_parts_required():
@@ -257,6 +261,10 @@ def test_compound_pref_requests_many_distinct_held_out_and_both_parts_required()
     assert pref.judge(half, spec) == 1.0 and pref.judge(half, spec | {"require_all": True}) == pytest.approx(2 / 3)
     both = half + " Coffee has a rich, warm taste."
     assert pref.judge(both, spec | {"require_all": True}) == 1.0
+    assert pref.checks(half, spec | {"require_all": True}) == {"helpful": True, "on_topic": False, "no_repeat": True,
+                                                              "length_ok": True}
+    assert pref.checks("I don't know. I don't know.", spec) == {"helpful": False, "on_topic": False,
+                                                                "no_repeat": False, "length_ok": True}
 
 
 def test_compound_off_topic_answers_miss_a_part_in_each_of_four_ways():

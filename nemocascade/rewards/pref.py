@@ -37,6 +37,7 @@ UNHELPFUL_MARKERS = ("don't know", "do not know", "not sure", "cannot help", "ca
 _WORD_RE = re.compile(r"[a-z0-9']+")
 _SENTENCE_RE = re.compile(r"[^.!?]+[.!?]?")
 NGRAM = 4
+CHECKS = ("helpful", "on_topic", "no_repeat", "length_ok")
 
 
 def words(text: str) -> list[str]:
@@ -74,13 +75,18 @@ def length_ok(text: str, min_words: int, max_words: int) -> bool:
     return min_words <= len(words(text)) <= max_words
 
 
+def checks(final: str, spec: dict) -> dict[str, bool]:
+    """Each of the four checks on a final text (no think block) given the parsed ``answer`` JSON."""
+    return {"helpful": is_helpful(final),
+            "on_topic": on_topic(final, spec["keywords"], bool(spec.get("require_all"))),
+            "no_repeat": no_repeat(final),
+            "length_ok": length_ok(final, int(spec["min_words"]), int(spec["max_words"]))}
+
+
 def judge(final: str, spec: dict) -> float:
     """The proxy score of a final text (no think block) given the parsed ``answer`` JSON."""
-    if not is_helpful(final):
-        return 0.0
-    checks = (on_topic(final, spec["keywords"], bool(spec.get("require_all"))), no_repeat(final),
-              length_ok(final, int(spec["min_words"]), int(spec["max_words"])))
-    return sum(checks) / len(checks)
+    c = checks(final, spec)
+    return 0.0 if not c.pop("helpful") else sum(c.values()) / len(c)
 
 
 @bounded_completion
