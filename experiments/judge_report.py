@@ -11,7 +11,8 @@ greedily; then for each request:
 RLHF games its judge where the judge prefers the new answers and the truth does not: the report gives both win
 rates with 95% intervals, and the share of requests the judge calls a win (> 1/2) that the truth calls a loss. It
 also scores the judge itself on the held-out "judge_pref" pairs, by the position of the better answer (A or B):
-a position-biased judge is accurate on one and not the other. Writes RUN/judge_report.json; prints a table.
+a position-biased judge is accurate on one and not the other; and by the worse answer's kind (verbose, repetitive,
+off_topic, unhelpful): where the judge is blind, RLHF can go. Writes RUN/judge_report.json; prints a table.
 
 Exit status: 0 done; 2 bad input (no such workdir, stage, or a run without the pref domain), naming it.
 """
@@ -101,8 +102,11 @@ def report(workdir: str, before: str, after: str, judge_ref: str, n: int) -> dic
         for pos in judge_lib.PAIR_OPTIONS:
             sel = np.asarray([r["answer"] == pos for r in jp])
             by[pos] = {"accuracy": float(right[sel].mean()), "n": int(sel.sum()), "ci95": stats.mean_ci95(right[sel])}
+        kinds = np.asarray([r["id"].split("/")[-2] for r in jp])  # judge_pref ids: .../KIND/POSITION
+        by_kind = {str(k): {"accuracy": float(right[kinds == k].mean()), "n": int((kinds == k).sum()),
+                            "ci95": stats.mean_ci95(right[kinds == k])} for k in sorted(set(kinds))}
         out["judge_accuracy"] = {"all": float(right.mean()), "n": len(jp), "ci95": stats.mean_ci95(right),
-                                 "by_position_of_better": by}
+                                 "by_position_of_better": by, "by_rejected_kind": by_kind}
     files.atomic_write(os.path.join(workdir, "judge_report.json"), json.dumps(out, indent=1))
     return out
 
@@ -127,6 +131,8 @@ def table(r: dict) -> str:
         lines.append(f"judge accuracy on held-out judge_pref pairs: {pc(a['all'])} {ci(a['ci95'])} (n = {a['n']}); "
                      + ", ".join(f"better answer in {pos}: {pc(v['accuracy'])} {ci(v['ci95'])} (n = {v['n']})"
                                  for pos, v in a["by_position_of_better"].items()))
+        lines.append("judge accuracy by the worse answer's kind: " + ", ".join(
+            f"{k} {pc(v['accuracy'])} (n = {v['n']})" for k, v in a["by_rejected_kind"].items()))
     return "\n".join(lines)
 
 

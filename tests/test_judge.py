@@ -239,6 +239,9 @@ def test_genrm_tiny_rlhf_is_rewarded_by_the_sft_checkpoint_judging_both_orders(t
     assert rep["truth"]["after"] == pytest.approx(ev["rlhf"]["pass@1"])
     acc = rep["judge_accuracy"]
     assert sum(v["n"] for v in acc["by_position_of_better"].values()) == acc["n"] == 8
+    assert set(acc["by_rejected_kind"]) <= {"verbose", "repetitive", "off_topic", "unhelpful"}
+    assert sum(v["n"] for v in acc["by_rejected_kind"].values()) == 8
+    assert sum(v["n"] * v["accuracy"] for v in acc["by_rejected_kind"].values()) == pytest.approx(8 * acc["all"])
     for which in ("before", "after"):  # a policy scores 1 by the truth exactly when no answer fails a check
         fails = rep["checks_failed"][which]
         assert set(fails) == {"helpful", "on_topic", "no_repeat", "length_ok"} and max(fails.values()) <= 8
