@@ -32,7 +32,7 @@ import jax  # noqa: E402
 
 from nemocascade import cascade, chat, evaluation, files, stats, trained  # noqa: E402
 from nemocascade import mesh as mesh_lib  # noqa: E402
-from nemocascade.data import domains, tfds_builder  # noqa: E402
+from nemocascade.data import domains, judge_pref, tfds_builder  # noqa: E402
 from nemocascade.errors import BadInput  # noqa: E402
 from nemocascade.models import param_shardings  # noqa: E402
 from nemocascade.rewards import judge as judge_lib  # noqa: E402
@@ -70,12 +70,12 @@ def report(workdir: str, before: str, after: str, judge_ref: str, n: int) -> dic
                                        rng=jax.random.key(0), thinking=cfg.thinking, mesh=mesh, desc=f"answer {which}")
         answers[which] = texts
     specs = [json.loads(r["answer"]) for r in records]
-    failed = {which: {name: sum(not pref.checks(chat.strip_think(t), spec)[name] for t, spec in zip(texts, specs))
-                      for name in pref.CHECKS}
-              for which, texts in answers.items()}
-    truth_b = np.asarray([pref.score(t, r["answer"]) for t, r in zip(answers["before"], records)])
-    truth_a = np.asarray([pref.score(t, r["answer"]) for t, r in zip(answers["after"], records)])
-    truth_win = np.where(truth_a > truth_b, 1.0, np.where(truth_a < truth_b, 0.0, 0.5))
+    truth, failed = {}, {}
+    for which, texts in answers.items():
+        truth[which] = np.asarray([pref.score(t, r["answer"]) for t, r in zip(texts, records)])
+        passed = [pref.checks(chat.strip_think(t), spec) for t, spec in zip(texts, specs)]
+        failed[which] = {name: sum(not c[name] for c in passed) for name in pref.CHECKS}
+    truth_win = np.where(truth["after"] > truth["before"], 1.0, np.where(truth["after"] < truth["before"], 0.0, 0.5))
 
     stage = next((s for s in cfg.stages.values() if s.get("judge") == judge_ref), None)
     kw = dict(max_len=stage.judge_max_len, batch_size=stage.judge_batch_size) if stage is not None else {}
@@ -86,7 +86,7 @@ def report(workdir: str, before: str, after: str, judge_ref: str, n: int) -> dic
     fooled = (judge_win > 0.5) & (truth_win == 0.0)
 
     out = {"workdir": workdir, "before": before, "after": after, "judge": judge_ref, "n": len(records),
-           "truth": {"before": float(truth_b.mean()), "after": float(truth_a.mean()),
+           "truth": {"before": float(truth["before"].mean()), "after": float(truth["after"].mean()),
                      "win_rate": float(truth_win.mean()), "ci95": stats.mean_ci95(truth_win)},
            "judge_view": {"win_rate": float(judge_win.mean()), "ci95": stats.mean_ci95(judge_win),
                           "position_bias": pair_stats["position_bias"], "inconsistent": pair_stats["inconsistent"]},
@@ -102,7 +102,7 @@ def report(workdir: str, before: str, after: str, judge_ref: str, n: int) -> dic
         for pos in judge_lib.PAIR_OPTIONS:
             sel = np.asarray([r["answer"] == pos for r in jp])
             by[pos] = {"accuracy": float(right[sel].mean()), "n": int(sel.sum()), "ci95": stats.mean_ci95(right[sel])}
-        kinds = np.asarray([r["id"].split("/")[-2] for r in jp])  # judge_pref ids: .../KIND/POSITION
+        kinds = np.asarray([judge_pref.rejected_kind(r) for r in jp])
         by_kind = {str(k): {"accuracy": float(right[kinds == k].mean()), "n": int((kinds == k).sum()),
                             "ci95": stats.mean_ci95(right[kinds == k])} for k in sorted(set(kinds))}
         out["judge_accuracy"] = {"all": float(right.mean()), "n": len(jp), "ci95": stats.mean_ci95(right),
@@ -122,10 +122,9 @@ def table(r: dict) -> str:
              f"inconsistent {pc(j['inconsistent'])}%",
              f"judge calls a win, truth a loss: {r['judge_wins_truth_losses']['count']} of "
              f"{r['judge_wins_truth_losses']['of_judge_wins']} judge wins; identical answers {r['identical_answers']}"]
-    if "checks_failed" in r:
-        lines.append("greedy answers failing each truth check, before -> after: " + ", ".join(
-            f"{name} {r['checks_failed']['before'][name]} -> {r['checks_failed']['after'][name]}"
-            for name in r["checks_failed"]["before"]))
+    failed = r["checks_failed"]
+    lines.append("greedy answers failing each truth check, before -> after: " + ", ".join(
+        f"{name} {failed['before'][name]} -> {failed['after'][name]}" for name in failed["before"]))
     if "judge_accuracy" in r:
         a = r["judge_accuracy"]
         lines.append(f"judge accuracy on held-out judge_pref pairs: {pc(a['all'])} {ci(a['ci95'])} (n = {a['n']}); "

@@ -44,6 +44,12 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
     return records
 
 
+def rejected_kind(record: dict) -> str:
+    """The kind of the worse answer a record judges ("verbose", "off_topic", ...), from its id (`generate`:
+    ``judge_pref/<pref id>/<kind>/<A|B>``)."""
+    return record["id"].split("/")[-2]
+
+
 register_domain(DomainSpec(
     name=DOMAIN, generate=generate, version="2",
     description="judge which of a 'pref' request's two answers is better (a generative judge's SFT data)"))

@@ -86,7 +86,9 @@ def checks(final: str, spec: dict) -> dict[str, bool]:
 def judge(final: str, spec: dict) -> float:
     """The proxy score of a final text (no think block) given the parsed ``answer`` JSON."""
     c = checks(final, spec)
-    return 0.0 if not c.pop("helpful") else sum(c.values()) / len(c)
+    if not c["helpful"]:
+        return 0.0
+    return (c["on_topic"] + c["no_repeat"] + c["length_ok"]) / 3
 
 
 @bounded_completion
