@@ -150,9 +150,9 @@ def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes, judge: str =
                                      micro_batches=shapes.micro_batches), donate_argnums=0)
     batch = {"tokens": batch_of(rows, (width,), jnp.int32), "valid": batch_of(rows, (width,), jnp.bool_),
              "positions": batch_of(rows, (width,), jnp.int32), "mask": batch_of(rows, (width - 1,), jnp.float32),
-             "sampler_logp": batch_of(rows, (width - 1,), jnp.float32), "advantages": batch_of(rows, (), jnp.float32),
-             "domain_idx": batch_of(rows, (), jnp.int32),
-             "has_data": jax.ShapeDtypeStruct((), jnp.float32, sharding=mesh_lib.replicated(mesh))}
+             "sampler_logp": batch_of(rows, (width - 1,), jnp.float32), "domain_idx": batch_of(rows, (), jnp.int32),
+             "rewards": batch_of(shapes.prompts, (shapes.group,), jnp.float32),
+             "truncated": batch_of(shapes.prompts, (shapes.group,), jnp.bool_)}
     programs["step"] = (_analysis(step.lower(state, batch).compile()), resident["reference"] + resident["teachers"]
                         + judge_b)
 

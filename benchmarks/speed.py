@@ -49,6 +49,7 @@ import ml_collections  # noqa: E402
 import numpy as np  # noqa: E402
 
 from nemocascade import checkpoint, compiles, lora, objectives, optim, sampling, train_state  # noqa: E402
+from nemocascade import mesh as mesh_lib  # noqa: E402
 from nemocascade.data import pipeline  # noqa: E402
 from nemocascade.models import gguf, hf  # noqa: E402
 from nemocascade.rl import rollouts, update  # noqa: E402
@@ -169,6 +170,8 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
     for k in range(1 + args.steps):
         seen = compiles.Since()
 
+        rows = []
+
         def generate(c):  # as RolloutSource.sample: chunk c's prompts, dispatched (JAX returns at once)
             toks, lens = _prompts(tok, P, args.prompt_len)
             toks, lens = pipeline.bucket_left_padded(toks[c * k_p:(c + 1) * k_p], lens[c * k_p:(c + 1) * k_p],
@@ -176,27 +179,26 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
             s = sampling.sample(policy(state), cfg, jnp.asarray(toks), jnp.asarray(lens),
                                 jax.random.fold_in(jax.random.key(k), c), max_new_tokens=N, eos_id=-1,
                                 num_samples=G)
-            s = rollouts.widen_prompts(s, args.prompt_len, tok.pad_id)  # chunks' prompt buckets may differ
-            return s, sampling.sequences(s)
+            rows.append(rollouts.to_rows(s, width=args.prompt_len, pad_id=tok.pad_id))  # stays on the device
+            return s.tokens, s.mask, s.lengths, lens
 
         def score(c, host):
-            s, seqs = host
-            texts = [tok.decode(r[m > 0].tolist()) for r, m in zip(s.tokens, s.mask)]
+            tokens, mask, lengths, lens = host
+            texts = [tok.decode(r[m > 0].tolist()) for r, m in zip(tokens, mask)]
+            spans = (args.prompt_len - np.asarray(lens), args.prompt_len + lengths.reshape(k_p, G).max(1))
             if judge is None:
-                return s, seqs, np.asarray([(len(x) % 7) / 7 for x in texts], np.float32).reshape(k_p, G)
+                return spans, np.asarray([(len(x) % 7) / 7 for x in texts], np.float32).reshape(k_p, G)
             groups = [texts[i * G:(i + 1) * G] for i in range(k_p)]
             prefs, _ = judge_lib.pairwise_preferences_batch(judge, GRPO_PROMPTS[c * k_p:(c + 1) * k_p], groups)
-            return s, seqs, np.stack([rm_scorer.pairwise_rewards(p) for p in prefs]).astype(np.float32)
+            return spans, np.stack([rm_scorer.pairwise_rewards(p) for p in prefs]).astype(np.float32)
 
         parts, pt = rollouts.pipelined(chunks, generate, score)
-        s = jax.tree.map(lambda *x: np.concatenate(x), *[p[0] for p in parts])
-        seqs = tuple(np.concatenate(x) for x in zip(*[p[1] for p in parts]))
-        rewards = np.concatenate([p[2] for p in parts])
         t2 = time.perf_counter()
-        groups = rollouts.to_groups(s, seqs, rewards, np.zeros(P, np.int32))
-        batch = update.build_batch(groups, overlong="none", adv_eps=1e-6, target=P,
-                                   with_advantages=rl)
-        batch = jax.device_put(batch)
+        rewards = np.concatenate([p[1] for p in parts])
+        kept = {"group_id": np.arange(P), "rewards": rewards if rl else np.full_like(rewards, np.nan),
+                "truncated": np.zeros((P, G), bool), "domain_idx": np.zeros(P, np.int32),
+                "first": np.concatenate([p[0][0] for p in parts]), "end": np.concatenate([p[0][1] for p in parts])}
+        batch = rollouts.training_batch(rows, kept, P, G, mesh_lib.make_mesh(), group_bucket=0)
         frozen = jax.block_until_ready(roles(batch))
         t3 = time.perf_counter()
         state, metrics = step_fn(state, batch | frozen, *frozen_args)

@@ -53,16 +53,6 @@ def final_params(workdir, stage):
 
 
 
-def logged(tx):
-    """`tx` behind the optax link that records the gradient norm: the steps report `grad_norm` from the chain's
-    record (`optim.logged`), as `optim.make_optimizer` builds it, and its max_norm 0 leaves `tx` unchanged."""
-    import optax
-
-    from nemocascade import optim
-
-    return optax.chain(optim.clip_by_global_norm_logged(0), tx)
-
-
 def distinct_items(cfg, domain, split, n):
     """How many items an evaluation of `n` scores: `n`, or every distinct problem (`domains.problem_key`) of the
     split when it holds fewer, from the generator itself (the data the run builds: `generate_split` with the run's

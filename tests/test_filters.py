@@ -32,34 +32,6 @@ def test_rewards_validation_names_the_row():
         filters.max_reward_keep(np.zeros(4), 0.5)
 
 
-def test_overlong_modes_table():
-    rewards = np.array([[1.0, 0.0, 1.0], [0.3, 0.7, 1.0]])
-    trunc = np.array([[False, True, True], [False, False, True]])
-    # filter: rewards unchanged, truncated rollouts leave the loss.
-    r, keep = filters.overlong(rewards, trunc, "filter")
-    np.testing.assert_array_equal(r, rewards)
-    np.testing.assert_array_equal(keep, [[True, False, False], [True, True, False]])
-    # penalty: truncated rollouts get reward 0 and stay.
-    r, keep = filters.overlong(rewards, trunc, "penalty")
-    np.testing.assert_array_equal(r, [[1.0, 0.0, 0.0], [0.3, 0.7, 0.0]])
-    assert keep.all()
-    # none: nothing changes.
-    r, keep = filters.overlong(rewards, trunc, "none")
-    np.testing.assert_array_equal(r, rewards)
-    assert keep.all()
-    # Inputs are never modified in place.
-    np.testing.assert_array_equal(rewards, [[1.0, 0.0, 1.0], [0.3, 0.7, 1.0]])
-
-
-def test_overlong_bad_input_raises():
-    with pytest.raises(ValueError, match="'clip'"):
-        filters.overlong(np.zeros((1, 2)), np.zeros((1, 2), bool), "clip")
-    with pytest.raises(ValueError, match="truncated has shape"):
-        filters.overlong(np.zeros((1, 2)), np.zeros((2, 2), bool), "filter")
-    with pytest.raises(ValueError, match="bool"):
-        filters.overlong(np.zeros((1, 2)), np.zeros((1, 2)), "filter")
-
-
 def test_max_reward_keep_table():
     # Max per row: 1, 0, 1, 0.5, 0.6. Strictly above 0.5 -> the 0.5 row is dropped.
     np.testing.assert_array_equal(filters.max_reward_keep(REWARDS, 0.5), [True, False, True, False, True])

@@ -1,5 +1,6 @@
-"""GRPO stage pieces: the jitted update (micro-batching == full batch, no-op when everything was
-filtered, the gradient of the pg term on a hand-checked case), batch building with filters, curriculum."""
+"""GRPO stage pieces: the jitted update (micro-batching == full batch, the gradient of the pg term on a
+hand-checked case, group advantages and overlong handling inside it), the training batch gathered on the device,
+curriculum; the data path from sampler to update without a device-to-host transfer."""
 import json
 
 import jax
@@ -11,10 +12,10 @@ import pytest
 from nemocascade import objectives, train_state
 from nemocascade.models import ModelConfig, forward, init_params
 from nemocascade.rl import filters, update
+from nemocascade.rl import rollouts
 from nemocascade.rl.rollouts import RolloutSource
 from nemocascade.stages import common, grpo, onpolicy
 
-from conftest import logged
 
 CFG = ModelConfig(vocab_size=17, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32)
 
@@ -32,7 +33,13 @@ def _batch(n=8, length=10, seed=0):
     return {"tokens": tokens, "valid": np.ones((n, length), bool),
             "positions": np.tile(np.arange(length, dtype=np.int32), (n, 1)), "mask": mask,
             "sampler_logp": np.zeros((n, length - 1), np.float32),
-            "advantages": rng.normal(size=n).astype(np.float32), "has_data": np.float32(1)}
+            "rewards": rng.normal(size=(n // 4, 4)).astype(np.float32), "truncated": np.zeros((n // 4, 4), bool)}
+
+
+def _advantages(rewards, eps=1e-6):
+    """numpy: (r - mean_g r) / (std_g r + eps) per group, flattened to rows."""
+    r = np.asarray(rewards, np.float64)
+    return ((r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + eps)).reshape(-1)
 
 
 def _update_fn(stage, tx, cfg=CFG):
@@ -43,14 +50,10 @@ def _update_fn(stage, tx, cfg=CFG):
 
 
 def _step(stage, batch, tx=None, params=None):
-    tx = logged(tx or optax.sgd(1.0))
+    tx = tx or optax.sgd(1.0)
     params = params if params is not None else init_params(CFG, jax.random.key(0))
     state = train_state.create(params, tx, jax.random.key(0))
     return _update_fn(stage, tx)(state, {**batch, "domain_idx": np.zeros(len(batch["tokens"]), np.int32)})
-
-
-def _build(groups, stage, target, **kw):
-    return update.build_batch(groups, overlong=stage.overlong, adv_eps=stage.adv_eps, target=target, **kw)
 
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "constant"])
@@ -74,31 +77,14 @@ def test_pg_gradient_equals_hand_formula():
         logits = forward(p, CFG, batch["tokens"][:, :-1])
         lp = jax.nn.log_softmax(logits)
         lp = jnp.take_along_axis(lp, batch["tokens"][:, 1:, None], -1)[..., 0]
-        return -jnp.sum(batch["mask"] * batch["advantages"][:, None] * lp) / batch["mask"].sum()
+        return -jnp.sum(batch["mask"] * _advantages(batch["rewards"])[:, None] * lp) / batch["mask"].sum()
 
     g = jax.grad(hand)(params)
     for p0, p1, gi in zip(jax.tree.leaves(params), jax.tree.leaves(new.params), jax.tree.leaves(g)):
         np.testing.assert_allclose(np.asarray(p0 - p1), np.asarray(gi), atol=1e-6)
 
 
-def test_all_filtered_step_changes_nothing_but_the_counter():
-    batch = {**_batch(), "has_data": np.float32(0)}
-    params = init_params(CFG, jax.random.key(0))
-    new, _ = _step(_stage(), batch, tx=optax.adamw(1e-2), params=params)
-    assert int(new.step) == 1
-    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(new.params)):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
-def _groups(rewards, truncated):
-    P, G = rewards.shape
-    return {"tokens": np.ones((P, G, 5), np.int32), "valid": np.ones((P, G, 5), bool),
-            "positions": np.zeros((P, G, 5), np.int32), "mask": np.ones((P, G, 4), np.float32),
-            "sampler_logp": np.zeros((P, G, 4), np.float32), "rewards": rewards, "truncated": truncated,
-            "domain_idx": np.zeros(P, np.int32)}
-
-
-def test_build_batch_advantages_overlong_and_padding():
+def test_advantages_and_overlong_hand_worked():
     rewards = np.array([[1, 0, 0, 1], [1, 1, 0, 1]], np.float32)
     trunc = np.array([[0, 0, 1, 0], [0, 0, 0, 0]], bool)
     # hand-worked: group 0 mean .5 std .5 -> +-.5/(.5+eps); group 1 mean .75 std sqrt(3)/4=.4330
@@ -106,18 +92,53 @@ def test_build_batch_advantages_overlong_and_padding():
     a0 = [0.5 / (0.5 + eps), -0.5 / (0.5 + eps), -0.5 / (0.5 + eps), 0.5 / (0.5 + eps)]
     s1 = np.sqrt(0.1875)
     a1 = [0.25 / (s1 + eps)] * 2 + [-0.75 / (s1 + eps), 0.25 / (s1 + eps)]
-    b = _build(_groups(rewards, trunc), _stage(overlong="filter"), target=3, group_bucket=0)
-    np.testing.assert_allclose(b["advantages"], a0 + a1 + [0] * 4, rtol=1e-6)
-    assert b["mask"].shape == (12, 4)
-    assert b["mask"].sum(1).tolist() == [4, 4, 0, 4] + [4] * 4 + [0] * 4  # truncated masked, pad zero
-    # penalty: the truncated rollout gets reward 0 (already 0 here) and stays in the loss
-    b = _build(_groups(rewards, trunc), _stage(overlong="penalty"), target=2)
-    assert b["mask"].sum() == 8 * 4 and b["has_data"] == 1
-    empty = _build(_groups(rewards[:0], trunc[:0]), _stage(), target=2, group_bucket=0)
-    assert empty["has_data"] == 0 and empty["mask"].shape == (8, 4) and empty["mask"].sum() == 0
-    # default: pad only up to a multiple of group_bucket groups (4 here -> 2 groups + 2 zero groups)
-    b = _build(_groups(rewards, trunc), _stage(), target=16)
-    assert b["advantages"].shape == (16,) and b["mask"][8:].sum() == 0
+    mask = np.ones((8, 4), np.float32)
+    adv, m = jax.jit(update.advantages, static_argnums=(3, 4))(rewards, trunc, mask, "filter", eps)
+    np.testing.assert_allclose(adv, a0 + a1, rtol=1e-6)
+    assert np.asarray(m).sum(1).tolist() == [4, 4, 0, 4] + [4] * 4  # the truncated rollout leaves the loss only
+    adv, m = update.advantages(rewards, trunc, mask, "penalty", eps)  # reward 0 (already 0 here), stays in the loss
+    np.testing.assert_allclose(adv, a0 + a1, rtol=1e-6)
+    assert np.asarray(m).sum() == 32
+    adv, _ = update.advantages(np.array([[1, 1, 0, 1]], np.float32), np.array([[0, 1, 0, 0]], bool),
+                               mask[:4], "penalty", eps)  # penalised: rewards 1 0 0 1
+    np.testing.assert_allclose(adv, a0, rtol=1e-6)
+    adv, _ = update.advantages(np.full((1, 4), np.nan, np.float32), trunc[:1], mask[:4], "none", eps, needed=False)
+    assert np.asarray(adv).tolist() == [0.0] * 4  # unscored rollouts: no term reads advantages
+
+
+def _rows(tokens, valid, mask):
+    """Host arrays [N, L] (mask [N, L-1]) as the device Rows the sampler hands over."""
+    return rollouts.Rows(*jax.device_put((tokens, valid, np.cumsum(valid, 1).astype(np.int32), mask,
+                                          -0.5 * mask)))
+
+
+def test_training_batch_gathers_kept_groups_pads_and_cuts_columns():
+    """Two sampling rounds of 2 groups x 2 rollouts; groups 1 (round 0) and 2 (round 1) kept. The batch holds
+    their rows in that order, padded with zero rows to a multiple of 4 groups (at most the target of 3), and the
+    columns every kept row leaves empty cut to the width ladder: used 20..40 (21 columns) -> 32, from column 20."""
+    from nemocascade.mesh import make_mesh
+
+    W, G = 60, 2
+    tokens = np.arange(W, dtype=np.int32)[None].repeat(4, 0) + 100 * np.arange(4)[:, None]
+    valid = np.zeros((4, W), bool)
+    valid[2, 20:41] = True  # round 0, group 1, rollout 0: columns 20..40
+    valid[3, 25:33] = True
+    valid[0, 0:60] = True  # a dropped group may use every column: it must not widen the batch
+    mask = valid[:, 1:].astype(np.float32)
+    r0, r1 = _rows(tokens, valid, mask), _rows(tokens + 1000, valid[[2, 3, 0, 1]], mask[[2, 3, 0, 1]])
+    kept = {"group_id": np.array([1, 2]), "rewards": np.array([[1, 0], [0, 1]], np.float32),
+            "truncated": np.array([[0, 1], [0, 0]], bool), "domain_idx": np.array([0, 1], np.int32),
+            "first": np.array([20, 20]), "end": np.array([41, 41])}
+    b = rollouts.training_batch([r0, r1], kept, target=3, G=G, mesh=make_mesh())
+    assert b["tokens"].shape == (6, 32) and b["mask"].shape == (6, 31)
+    assert np.asarray(b["tokens"])[:4, 0].tolist() == [220, 320, 1020, 1120]  # rows 2, 3 of each round
+    assert np.asarray(b["tokens"])[4:].sum() == 0 and np.asarray(b["valid"])[4:].sum() == 0  # padding rows
+    np.testing.assert_array_equal(np.asarray(b["mask"])[0], mask[2, 20:51])  # targets stay aligned
+    np.testing.assert_array_equal(np.asarray(b["sampler_logp"])[1], -0.5 * mask[3, 20:51])
+    assert np.asarray(b["valid"]).sum() == valid[2:].sum() * 2  # nothing used was cut
+    np.testing.assert_array_equal(b["rewards"], [[1, 0], [0, 1], [0, 0]])
+    assert np.asarray(b["domain_idx"]).tolist() == [0, 0, 1, 1, 0, 0]
+    assert np.asarray(b["truncated"]).tolist() == [[False, True], [False, False], [False, False]]
 
 
 def test_length_curriculum_sub_stages():
@@ -130,24 +151,6 @@ def test_unknown_stage_key_is_named():
         _stage(bogus=1)
 
 
-def test_build_batch_cuts_all_padding_columns_in_buckets():
-    rewards = np.array([[1, 0]], np.float32)
-    g = _groups(rewards, np.zeros((1, 2), bool))
-    W = 60
-    tokens = np.arange(W, dtype=np.int32)[None, None].repeat(2, 1)
-    valid = np.zeros((1, 2, W), bool)
-    valid[0, 0, 20:41] = True  # longest prompt starts at 20, longest response ends at 40
-    valid[0, 1, 25:33] = True
-    mask = np.zeros((1, 2, W - 1), np.float32)
-    mask[0, 0, 30:40] = 1
-    g |= {"tokens": tokens, "valid": valid, "positions": tokens, "mask": mask, "sampler_logp": mask * -0.5}
-    b = _build(g, _stage(), target=1)
-    # used columns 20..40 (21) -> width 32 from the ladder, starting at the first used column: 20..51
-    assert b["tokens"][0].tolist() == list(range(20, 52))
-    assert b["mask"].shape == (2, 31) and b["mask"].sum() == 10
-    np.testing.assert_array_equal(b["mask"][0], mask[0, 0, 20:51])
-
-
 def test_kl_term_gradient_equals_hand_k3():
     """objective = 0.5 * KL_k3(pi || pi_ref) only: the update is -0.5 * grad of the masked-mean k3
     estimator exp(ref - logp) - (ref - logp) - 1, written out here with the model's log-probs."""
@@ -155,7 +158,7 @@ def test_kl_term_gradient_equals_hand_k3():
     params = init_params(CFG, jax.random.key(2))
     ref = init_params(CFG, jax.random.key(3))
     stage = _stage(objective=dict(pg=0.0, kl=0.5, entropy=0.0))
-    tx = logged(optax.sgd(1.0))
+    tx = optax.sgd(1.0)
     state = train_state.create(params, tx, jax.random.key(0))
     batch["domain_idx"] = np.zeros(4, np.int32)
     roles = update.FrozenRoles(CFG, {"ref_logp"}, reference=ref)
@@ -199,53 +202,44 @@ def test_rollout_source_epoch_filter_drops_solved_prompts_at_epoch_end():
 
 
 def test_grpo_learns_a_verifiable_toy_reward():
-    """The real sampler + build_batch + policy_update on a toy task: reward 1 iff the first response token
+    """The real sampler + training_batch + policy_update on a toy task: reward 1 iff the first response token
     is even. A random policy scores ~0.5; 15 on-policy GRPO steps must push it above 0.9."""
     from nemocascade import sampling
+    from nemocascade.mesh import make_mesh
 
     cfg = ModelConfig(vocab_size=16, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
     stage = _stage(group_size=8)
-    tx = logged(optax.adam(1e-2))
+    tx = optax.adam(1e-2)
     state = train_state.create(init_params(cfg, jax.random.key(0)), tx, jax.random.key(0))
     step = _update_fn(stage, tx, cfg)
+    mesh = make_mesh()
     prompts = jnp.asarray(np.random.default_rng(0).integers(1, 16, (8, 4)), jnp.int32)
     lens = jnp.full((8,), 4, jnp.int32)
 
     def rollout(params, key):
         s = sampling.sample(params, cfg, prompts, lens, key, max_new_tokens=3, eos_id=-1, num_samples=8)
         rewards = (np.asarray(s.tokens[:, 0]) % 2 == 0).astype(np.float32).reshape(8, 8)
-        tokens, valid, positions, rmask = jax.device_get(sampling.sequences(s))
-        r = lambda x: np.asarray(x).reshape(8, 8, *np.shape(x)[1:])  # noqa: E731
-        groups = {"tokens": r(tokens), "valid": r(valid), "positions": r(positions), "mask": r(rmask),
-                  "sampler_logp": r(np.zeros_like(rmask)), "rewards": rewards,
-                  "truncated": np.zeros((8, 8), bool), "domain_idx": np.zeros(8, np.int32)}
-        return groups
+        groups = {"rewards": rewards, "truncated": np.zeros((8, 8), bool), "domain_idx": np.zeros(8, np.int32),
+                  "group_id": np.arange(8), "first": np.zeros(8, int), "end": np.full(8, 7)}
+        return rollouts.to_rows(s, width=4, pad_id=0), groups
 
-    first = rollout(state.params, jax.random.key(100))["rewards"].mean()
+    first = rollout(state.params, jax.random.key(100))[1]["rewards"].mean()
     for i in range(15):
-        state, _ = step(state, _build(rollout(state.params, jax.random.key(i)), stage, 8))
-    last = np.mean([rollout(state.params, jax.random.key(200 + k))["rewards"].mean() for k in range(3)])
+        rows, groups = rollout(state.params, jax.random.key(i))
+        state, _ = step(state, rollouts.training_batch([rows], groups, 8, 8, mesh))
+    last = np.mean([rollout(state.params, jax.random.key(200 + k))[1]["rewards"].mean() for k in range(3)])
     assert 0.25 < first < 0.75, first
     assert last > 0.9, (first, last)
 
 
-def test_trim_columns_keeps_every_used_column_on_the_width_ladder():
-    from nemocascade.rl.rollouts import bucket_width, trim_columns
+def test_column_window_keeps_every_used_column_on_the_width_ladder():
+    from nemocascade.rl.rollouts import bucket_width, column_window
     # the ladder, worked by hand: 16 x {1, 2, 3, 4, 6, 8, 12, 16, 24}
     assert [bucket_width(n, 16) for n in (1, 17, 33, 49, 65, 97, 129, 193, 257, 385)] == \
         [16, 32, 48, 64, 96, 128, 192, 256, 384, 512]
-    W = 100
-    for lo, hi, want in [(5, 40, (5, 53)), (70, 98, (68, 100)), (2, 99, (0, 100)), (50, 51, (50, 66))]:
-        valid = np.zeros((3, W), bool)
-        valid[0, lo:hi - 1] = True
-        valid[2, hi - 1] = True
-        cols = np.tile(np.arange(W), (3, 1))
-        batch = {"tokens": cols, "valid": valid, "positions": cols, "mask": cols[:, 1:] * 10, "rewards": np.ones(3)}
-        out = trim_columns(batch, 16)
-        assert (out["tokens"][0, 0], out["tokens"][0, -1] + 1) == want
-        assert out["valid"].sum() == valid.sum()                      # nothing used was cut
-        np.testing.assert_array_equal(out["mask"][0], np.arange(want[0] + 1, want[1]) * 10)  # targets stay aligned
-        assert out["rewards"].shape == (3,)
+    # used columns first..end-1 of 100 -> (start, width): widened left first, never past the rows' own width
+    for first, end, want in [(5, 40, (5, 48)), (70, 98, (68, 32)), (2, 99, (0, 100)), (50, 51, (50, 16))]:
+        assert column_window(first, end, 100, 16) == want
 
 
 def test_pipelined_dispatches_the_next_chunk_before_scoring_this_one():
@@ -308,15 +302,61 @@ def test_rollout_source_samples_in_chunks_as_the_sampler_does_alone():
     src = RolloutSource(ctx, stage, iter([]), epoch_len=4, scorer=scorer)
     records = [{"id": f"p{i}", "prompt": "x" * (20 * i + 1), "domain": "math", "answer": "0"} for i in range(4)]
     rng = jax.random.key(3)
-    groups, stats = src.sample(params, records, 5, rng)
+    sampled, stats = src.sample(params, records, 5, rng)
+    groups, tokens = sampled.groups, np.asarray(sampled.rows.tokens).reshape(4, 3, -1)
     assert seen == [["p0", "p1"], ["p2", "p3"]]
-    assert groups["tokens"].shape == (4, 3, 128 + 5) and groups["rewards"].shape == (4, 3)
+    assert tokens.shape == (4, 3, 128 + 5) and groups["rewards"].shape == (4, 3)
     for c in range(2):
         toks, lens = pipeline.encode_prompts(_ByteTok, [r["prompt"] for r in records[2 * c:2 * c + 2]], 128,
                                              thinking=False, bucket=sampling.PROMPT_BUCKET)
         s = sampling.sample(params, cfg, toks, lens, jax.random.fold_in(rng, c), max_new_tokens=5, eos_id=1,
                             pad_id=0, num_samples=3)
-        np.testing.assert_array_equal(groups["tokens"][2 * c:2 * c + 2, :, -5:], np.asarray(s.tokens).reshape(2, 3, 5))
+        np.testing.assert_array_equal(tokens[2 * c:2 * c + 2, :, -5:], np.asarray(s.tokens).reshape(2, 3, 5))
+        assert groups["first"][2 * c:2 * c + 2].tolist() == (128 - np.asarray(lens)).tolist()
         np.testing.assert_array_equal(groups["rewards"][2 * c:2 * c + 2], np.asarray(s.lengths).reshape(2, 3) % 3)
     assert set(stats) >= {"generate_s", "score_s", "score_overlap_s", "verifier_timeouts"}
     assert 0 < stats["score_overlap_s"] <= stats["score_s"]
+
+
+def test_no_device_to_host_transfer_between_sampling_and_the_update():
+    """From the sampler's rows to the updated state nothing leaves the device: the training batch, a frozen role's
+    pass and the update trace with the rows (tokens, masks, log-probs) as abstract values, so no host code can read
+    them (a conversion to numpy raises on a tracer; jax's transfer guard does not see device-to-host copies on the
+    CPU backend). The host sends only the kept groups' indices, rewards and flags."""
+    import types
+
+    import ml_collections
+
+    from nemocascade.mesh import make_mesh
+
+    cfg = ModelConfig(vocab_size=64, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32)
+    params = init_params(cfg, jax.random.key(1))
+    ctx = types.SimpleNamespace(
+        cfg=ml_collections.ConfigDict(dict(seed=0, thinking=False, eval=dict(max_prompt_len=128),
+                                           data=dict(domains=("math",)))),
+        tokenizer=_ByteTok(), model_cfg=cfg, mesh=make_mesh(), pool=None)
+    stage = _stage(group_size=4, prompts_per_step=2, objective=dict(pg=1.0, kl=0.1), overlong="filter")
+    src = RolloutSource(ctx, stage, iter([]), epoch_len=2, scorer=lambda records, texts, lengths: lengths % 2)
+    records = [{"id": f"p{i}", "prompt": "x" * (9 * i + 3), "domain": "math", "answer": "0"} for i in range(2)]
+    sampled, _ = src.sample(params, records, 6, jax.random.key(0))
+    kept = sampled.groups | {"group_id": np.arange(2)}
+    objective = objectives.build(stage.objective, stage.aggregation, stage)
+    roles = update.FrozenRoles(cfg, objective.needs, reference=params)
+    tx = optax.adam(1e-3)
+    step = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=cfg, tx=tx, objective=objective,
+                                                     overlong="filter"))
+    state = train_state.create(params, tx, jax.random.key(0))
+
+    def device_part(rows, state):
+        batch = rollouts.training_batch([rows], kept, 2, 4, ctx.mesh)
+        return step(state, batch | roles(batch))
+
+    shapes = jax.eval_shape(device_part, sampled.rows, state)
+    assert shapes[1]["loss"].shape == ()
+    new, metrics = device_part(sampled.rows, state)
+    assert np.isfinite(float(metrics["loss"])) and int(new.step) == 1
+
+    def leaky(rows, state):  # the check can fail: a host read of the tokens
+        return device_part(rows._replace(tokens=jnp.asarray(np.asarray(rows.tokens))), state)
+    with pytest.raises(jax.errors.TracerArrayConversionError):
+        jax.eval_shape(leaky, sampled.rows, state)

@@ -18,7 +18,7 @@ from nemocascade.models import ModelConfig, init_params
 from nemocascade.rl import update
 from nemocascade.stages import common, grpo, kinds, rm
 
-from conftest import final_params, logged, tiny_math_config, tiny_sft_config
+from conftest import final_params, tiny_math_config, tiny_sft_config
 
 CFG = ModelConfig(vocab_size=17, d_model=16, n_layers=2, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32)
 TARGETS = lora.DEFAULTS["targets"]
@@ -92,10 +92,11 @@ def test_on_policy_step_over_adapters_is_the_chain_rule_of_the_full_step():
     mask[:, 3:7] = 1
     batch = {"tokens": tokens, "valid": np.ones((n, T), bool), "mask": mask,
              "positions": np.tile(np.arange(T, dtype=np.int32), (n, 1)),
-             "sampler_logp": np.zeros((n, T - 1), np.float32), "advantages": rng.normal(size=n).astype(np.float32),
-             "domain_idx": np.zeros(n, np.int32), "has_data": np.float32(1)}
+             "sampler_logp": np.zeros((n, T - 1), np.float32),
+             "rewards": rng.normal(size=(2, n // 2)).astype(np.float32),
+             "truncated": np.zeros((2, n // 2), bool), "domain_idx": np.zeros(n, np.int32)}
     stage = common.stage_config("grpo", grpo.DEFAULTS)
-    tx = logged(optax.sgd(1.0))
+    tx = optax.sgd(1.0)
     step = functools.partial(update.policy_update, model_cfg=CFG, tx=tx,
                              objective=objectives.build(stage.objective, stage.aggregation, stage))
     full, m_full = jax.jit(step)(train_state.create(params, tx, jax.random.key(0)), batch)

@@ -14,7 +14,6 @@ from nemocascade.models import ModelConfig, forward, init_params
 from nemocascade.rl import update
 from nemocascade.stages import common, mopd
 
-from conftest import logged
 
 CFG = ModelConfig(vocab_size=13, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32)
 LR = 0.1
@@ -45,7 +44,7 @@ def _setup(stage, seed=0):
     on-policy update, as the stage loop runs them. Rows of domain i ("math", "if") get teacher i."""
     params = init_params(CFG, jax.random.key(seed))
     teacher_params = (init_params(CFG, jax.random.key(10)), init_params(CFG, jax.random.key(11)))
-    tx = logged(optax.sgd(LR))
+    tx = optax.sgd(LR)
     state = train_state.create(params, tx, jax.random.key(0))
     objective = objectives.build(stage.objective, stage.aggregation, stage)
     update_fn = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=CFG, tx=tx, objective=objective,
@@ -54,9 +53,9 @@ def _setup(stage, seed=0):
     def step(state, batch, teachers):
         roles = update.FrozenRoles(CFG, objective.needs, teachers=teachers, teacher_of_domain=[0, 1],
                                    topk=stage.distill_topk)
-        batch = {k: v for k, v in batch.items() if k != "teacher_idx"} | {"advantages": np.zeros(len(batch["mask"]),
-                                                                                                  np.float32),
-                                                                           "has_data": np.float32(1)}
+        n = len(batch["mask"])  # no reward: MOPD's objective reads no advantages
+        batch = {k: v for k, v in batch.items() if k != "teacher_idx"}
+        batch |= {"rewards": np.full((1, n), np.nan, np.float32), "truncated": np.zeros((1, n), bool)}
         return update_fn(state, batch | roles(batch))
     return params, teacher_params, state, step
 

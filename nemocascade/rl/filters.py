@@ -2,7 +2,7 @@
 
 A batch holds P prompts x G rollouts; ``rewards`` is float [P, G].
   dynamic_filter_keep   drop groups whose G rewards are all equal (zero advantage, zero gradient).
-  overlong              what to do with truncated rollouts: "filter" | "penalty" | "none".
+  OVERLONG_MODES        what to do with truncated rollouts (applied in the step: rl/update.py `advantages`).
   max_reward_keep       drop prompts where no rollout scores above a threshold (agentless SWE).
   EpochFilter           C1 epoch-level prompt filtering for math (drop 0% / 100% prompts, re-admit some).
   RefillBuffer          bounded resampling that refills a dynamically filtered batch and never aborts.
@@ -36,31 +36,6 @@ def dynamic_filter_keep(rewards):
     """
     rewards = _check_rewards(rewards)
     return (rewards != rewards[:, :1]).any(axis=1)
-
-
-def overlong(rewards, truncated, mode):
-    """Handle rollouts cut off at the length limit. Returns (rewards, loss_keep bool [P, G]).
-
-    "filter":  loss_keep = ~truncated (the trainer zeroes their loss mask); rewards unchanged, so they
-               still take part in their group's mean/std (DAPO overlong filtering).
-    "penalty": truncated rollouts get reward 0 and stay in the loss.
-    "none":    nothing changes.
-    Inputs are not modified.
-    """
-    if mode not in OVERLONG_MODES:
-        raise ValueError(f"overlong mode={mode!r} is unknown; expected one of {OVERLONG_MODES}")
-    rewards = _check_rewards(rewards).copy()
-    truncated = np.asarray(truncated)
-    if truncated.shape != rewards.shape:
-        raise ValueError(f"truncated has shape {truncated.shape}, expected the rewards shape {rewards.shape}")
-    if truncated.dtype != np.bool_:
-        raise ValueError(f"truncated must be bool, got dtype {truncated.dtype}")
-    loss_keep = np.ones(rewards.shape, dtype=bool)
-    if mode == "filter":
-        loss_keep = ~truncated
-    elif mode == "penalty":
-        rewards[truncated] = 0.0
-    return rewards, loss_keep
 
 
 def max_reward_keep(rewards, threshold):

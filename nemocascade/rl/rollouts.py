@@ -1,20 +1,23 @@
 """On-policy rollouts shared by the RL stage kinds (GRPO, MOPD): draw prompts, sample G completions each
-from the current params with the jitted sampler, score them with each prompt's domain reward, and turn
-the samples into fixed-width training rows.
+from the current params with the jitted sampler, score them with each prompt's domain reward, and gather the
+kept groups into the training batch. Tokens, masks and log-probs stay on the device from the sampler to the
+update: only the response tokens go to the host to be decoded for the verifiers, and only rewards come back.
 
     source = RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter=None, rewards=None)
-    groups, stats = source.sample(params, source.prompts(B), max_new_tokens, rng)
-    batch = trim_columns(flat_batch)     # cut all-padding columns, in buckets (few compiled shapes)
+    rollouts, stats = source.sample(params, source.prompts(B), max_new_tokens, rng)
+    batch = training_batch([rollouts.rows, ...], kept_groups, target, G, mesh)   # one jitted gather
 
-`groups` holds arrays with leading dims [P, G]: tokens / valid / positions [P, G, L] (prompt + response),
-mask / sampler_logp [P, G, L-1] aligned with next-token targets, rewards, truncated, lengths [P, G], and
-domain_idx [P] (index into `ctx.cfg.data.domains`). `stats` holds timings (generate_s, score_s) and the
-verifier calls that timed out, raised or crashed (verifier_timeouts / _errors / _crashes, each scored 0):
-counts that add up over rounds and land in metrics.jsonl.
+`rollouts.rows` (`Rows`, device arrays, P x G rows, a group's G rows adjacent): tokens / valid / positions [N, L]
+(prompt + response), mask / sampler_logp [N, L-1] aligned with next-token targets. `rollouts.groups` (host numpy,
+leading dim P): rewards, truncated, lengths [P, G], domain_idx [P] (index into `ctx.cfg.data.domains`) and the
+columns each group uses, first and end [P]. `stats` holds timings (generate_s, score_s) and the verifier calls
+that timed out, raised or crashed (verifier_timeouts / _errors / _crashes, each scored 0).
 """
 from __future__ import annotations
 
+import functools
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -22,9 +25,23 @@ import numpy as np
 
 from nemocascade import envs, evaluation, sampling
 from nemocascade.data import pipeline
-from nemocascade.rl import episodes, filters
-from nemocascade.mesh import shard_batch, to_host
+from nemocascade.mesh import batch_sharding, shard_batch, to_host
 from nemocascade.rewards.pool import OUTCOMES
+from nemocascade.rl import episodes, filters
+
+
+class Rows(NamedTuple):
+    """Rollouts as training rows on the device (sampling.sequences' layout)."""
+    tokens: jax.Array  # [N, L] int32, prompt left-padded to the stage's width, then the response
+    valid: jax.Array  # [N, L] bool
+    positions: jax.Array  # [N, L] int32
+    mask: jax.Array  # [N, L-1] float32, 1 where the target is a token the policy sampled
+    sampler_logp: jax.Array  # [N, L-1] float32, log pi_inf of those targets
+
+
+class Rollouts(NamedTuple):
+    rows: Rows  # device
+    groups: dict  # host, leading dim P (module docstring)
 
 
 class RolloutSource:
@@ -64,9 +81,9 @@ class RolloutSource:
                 out.append(rec)
         return out
 
-    def sample(self, params, records, max_new: int, rng, score: bool = True):
-        """Sample G rollouts per record from `params` and (if `score`) score them -> (groups, stats) as in the
-        module docstring: groups' arrays have leading dims [P, G], P = len(records); unscored rewards are NaN.
+    def sample(self, params, records, max_new: int, rng, score: bool = True) -> tuple[Rollouts, dict]:
+        """Sample G rollouts per record from `params` and (if `score`) score them -> (Rollouts, stats) as in the
+        module docstring; unscored rewards are NaN.
 
         The records go to the sampler in `stage.score_overlap` equal chunks (the largest divisor of P at most
         that): chunk c+1 is dispatched before chunk c is scored, so the verifiers run while the device generates
@@ -78,36 +95,45 @@ class RolloutSource:
         n = chunk_count(P, stage.score_overlap)
         k = P // n
         max_prompt = stage.max_prompt_len or ctx.cfg.eval.max_prompt_len
+        rows, prompt_lens = [], []
 
         def generate(c):
             part = records[c * k:(c + 1) * k]
             toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in part], max_prompt,
                                                  thinking=ctx.cfg.thinking, bucket=sampling.PROMPT_BUCKET)
+            prompt_lens.append(lens)
             toks, lens = shard_batch(ctx.mesh, (toks, lens))
             samples = sampling.sample(params, ctx.model_cfg, toks, lens, rng if n == 1 else jax.random.fold_in(rng, c),
                                       max_new_tokens=max_new, eos_id=ctx.tokenizer.eos_id,
                                       pad_id=ctx.tokenizer.pad_id, temperature=stage.temperature,
                                       top_p=stage.top_p, top_k=stage.top_k, num_samples=G)
-            # back to the stage's full prompt width (left padding), so chunks and refill rounds of other widths
-            # concatenate; the trainer's batch cuts the all-padding columns again (trim_columns)
-            samples = widen_prompts(samples, max_prompt, ctx.tokenizer.pad_id)
-            return samples, sampling.sequences(samples)  # device arrays: JAX dispatches and returns at once
+            # every chunk and refill round at the stage's full prompt width (left padding), so they concatenate;
+            # the training batch cuts the all-padding columns again (column_window)
+            rows.append(to_rows(samples, width=max_prompt, pad_id=ctx.tokenizer.pad_id))
+            # what the host needs; JAX dispatches and returns at once
+            return (samples.lengths, samples.truncated) + ((samples.tokens, samples.mask) if score else ())
 
         def score_chunk(c, host):
-            samples, seqs = host
-            rewards, domain_idx, verifier = self._score(records[c * k:(c + 1) * k], samples, score)
-            return to_groups(samples, seqs, rewards, domain_idx), verifier
+            lengths, truncated, *response = host
+            rewards, verifier = self._score(records[c * k:(c + 1) * k], response, lengths, score)
+            return (rewards, lengths.reshape(-1, G), truncated.reshape(-1, G)), verifier
 
         parts, timing = pipelined(n, generate, score_chunk)
-        groups = {key: np.concatenate([g[key] for g, _ in parts]) for key in parts[0][0]}
+        rewards, lengths, truncated = (np.concatenate(x) for x in zip(*(p for p, _ in parts)))
         verifier = {key: sum(v[key] for _, v in parts) for key in parts[0][1]}
         if self.epoch_filter and score:
-            self.epoch_filter.update([r["id"] for r in records], groups["rewards"])
-        return groups, {**timing, **verifier}
+            self.epoch_filter.update([r["id"] for r in records], rewards)
+        domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
+        groups = {"rewards": rewards, "truncated": truncated, "lengths": lengths,
+                  "domain_idx": np.asarray([domain_index[r["domain"]] for r in records], np.int32),
+                  "first": max_prompt - np.concatenate(prompt_lens), "end": max_prompt + lengths.max(1)}
+        rows = rows[0] if n == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *rows)
+        return Rollouts(rows, groups), {**timing, **verifier}
 
     def _episodes(self, params, records, max_new: int, rng):
         """Multi-turn rollouts (rl/episodes.py): G episodes per record in its domain's environment, rewarded by
-        the environment -> (groups, stats with the agent metrics: turns, tool errors, environment seconds)."""
+        the environment -> (Rollouts, stats with the agent metrics: turns, tool errors, environment seconds). The
+        agent loop runs on the host (each turn is decoded for the environment), so its rows go to the device here."""
         ctx, stage = self.ctx, self.stage
         t = time.perf_counter()
         settings = episode_settings(stage, max_new, ctx)
@@ -115,30 +141,30 @@ class RolloutSource:
                                      [envs.env_name(r["domain"], stage.envs) for r in records], settings, rng,
                                      ctx.mesh, stage.group_size)
         domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
-        groups = episodes.trajectory_groups(traj, [domain_index[r["domain"]] for r in records], stage.group_size,
-                                            settings.max_prompt_len, settings.budget)
+        g = episodes.trajectory_groups(traj, [domain_index[r["domain"]] for r in records], stage.group_size,
+                                       settings.max_prompt_len, settings.budget)
         if self.epoch_filter:
-            self.epoch_filter.update([r["id"] for r in records], groups["rewards"])
+            self.epoch_filter.update([r["id"] for r in records], g["rewards"])
+        used = g["valid"].any(1)  # [P, L]: the columns some rollout of the group uses
+        groups = {k: g[k] for k in ("rewards", "truncated", "lengths", "domain_idx")} | {
+            "first": used.argmax(1), "end": used.shape[1] - used[:, ::-1].argmax(1)}
+        rows = Rows(*shard_batch(ctx.mesh, [g[k].reshape(-1, *g[k].shape[2:]) for k in Rows._fields]))
         wall = time.perf_counter() - t
         stats = {"generate_s": wall - traj.env_s, "score_s": traj.env_s, "score_overlap_s": 0.0}
-        return groups, stats | {f"verifier_{k}": 0 for k in OUTCOMES} | episodes.episode_metrics(traj)
+        return Rollouts(rows, groups), stats | {f"verifier_{k}": 0 for k in OUTCOMES} | episodes.episode_metrics(traj)
 
-    def _score(self, records, samples, score: bool):
-        """(rewards [P, G], domain indices [P], verifier counts) of host `samples` for `records`."""
+    def _score(self, records, response, lengths, score: bool):
+        """(rewards [P, G], verifier counts) of the host `response` (tokens, mask [P*G, N]) for `records`."""
         ctx, G, P = self.ctx, self.stage.group_size, len(records)
         verifier = {f"verifier_{k}": 0 for k in OUTCOMES}  # a reward model (scorer) is no verifier: 0
         if not score:
-            rewards = np.full((P, G), np.nan, np.float32)
-        else:
-            texts = evaluation.decode_responses(ctx.tokenizer, samples.tokens, samples.mask, ctx.cfg.thinking)
-            if self.scorer is not None:
-                rewards = np.asarray(self.scorer(records, texts, samples.lengths.reshape(P, G)), np.float32)
-            else:
-                scores, verifier = evaluation.score_texts(ctx.pool, texts, [r for r in records for _ in range(G)],
-                                                          self.rewards)
-                rewards = np.asarray(scores, np.float32).reshape(P, G)
-        domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
-        return rewards, [domain_index[r["domain"]] for r in records], verifier
+            return np.full((P, G), np.nan, np.float32), verifier
+        texts = evaluation.decode_responses(ctx.tokenizer, *response, ctx.cfg.thinking)
+        if self.scorer is not None:
+            return np.asarray(self.scorer(records, texts, lengths.reshape(P, G)), np.float32), verifier
+        scores, verifier = evaluation.score_texts(ctx.pool, texts, [r for r in records for _ in range(G)],
+                                                  self.rewards)
+        return np.asarray(scores, np.float32).reshape(P, G), verifier
 
 
 def episode_settings(stage, max_new: int, ctx, greedy: bool = False) -> episodes.Settings:
@@ -179,23 +205,15 @@ def pipelined(n: int, generate, score):
     return out, {"generate_s": gen_s, "score_s": score_s, "score_overlap_s": overlap_s}
 
 
-def widen_prompts(samples: sampling.Samples, width: int, pad_id: int) -> sampling.Samples:
-    """`samples` with its prompts left-padded to `width` columns (the sampler saw them cut to a bucket)."""
+@functools.partial(jax.jit, static_argnames=("width", "pad_id"))
+def to_rows(samples: sampling.Samples, *, width: int, pad_id: int) -> Rows:
+    """The sampler's output as training rows, its prompts left-padded to `width` columns (the sampler saw them cut
+    to a bucket)."""
     left = width - samples.prompts.shape[1]
-    return samples._replace(prompts=jnp.pad(samples.prompts, ((0, 0), (left, 0)), constant_values=pad_id))
-
-
-def to_groups(samples: sampling.Samples, seqs, rewards, domain_idx) -> dict:
-    """Host samples of P prompts x G and their `sampling.sequences` -> the groups dict of the module docstring
-    (leading dims [P, G]); `rewards` [P, G], `domain_idx` [P]."""
-    P, G = np.shape(rewards)
-    tokens, valid, positions, rmask = seqs
-    shape = lambda x: np.asarray(x).reshape(P, G, *np.shape(x)[1:])  # noqa: E731
-    sampler_logp = np.concatenate([np.zeros_like(samples.prompts[:, 1:], np.float32), samples.logprobs], 1)
-    return {"tokens": shape(tokens), "valid": shape(valid), "positions": shape(positions),
-            "mask": shape(rmask), "sampler_logp": shape(sampler_logp), "rewards": rewards,
-            "truncated": shape(samples.truncated), "lengths": shape(samples.lengths),
-            "domain_idx": np.asarray(domain_idx)}
+    samples = samples._replace(prompts=jnp.pad(samples.prompts, ((0, 0), (left, 0)), constant_values=pad_id))
+    tokens, valid, positions, mask = sampling.sequences(samples)
+    logp = jnp.concatenate([jnp.zeros_like(samples.prompts[:, 1:], jnp.float32), samples.logprobs], 1)
+    return Rows(tokens, valid, positions, mask, logp)
 
 
 def bucket_width(n: int, bucket: int) -> int:
@@ -208,21 +226,43 @@ def bucket_width(n: int, bucket: int) -> int:
     return bucket * m
 
 
-def trim_columns(batch: dict, bucket: int = 16) -> dict:
-    """Cut the columns that are padding in every row (left of the longest prompt, right of the longest
-    response), keeping a width from `bucket_width`'s ladder (at most the batch's own width) so only a few
-    shapes are ever compiled. Keys tokens/valid/positions are [N, L]; other 2-D keys are [N, L-1]
-    (next-token aligned)."""
-    used = np.flatnonzero(batch["valid"].any(0))
-    if used.size == 0:
-        used = np.arange(1)
-    width = batch["tokens"].shape[1]
-    lo, hi = int(used[0]), int(used[-1]) + 1
-    keep = min(width, max(bucket_width(hi - lo, bucket), 2))
-    lo = min(lo, width - keep)  # widen to the left first (prompts are left-padded), then to the right
-    hi = lo + keep
-    return {k: v[:, lo:hi] if k in ("tokens", "valid", "positions") else v[:, lo:hi - 1] if v.ndim == 2 else v
-            for k, v in batch.items()}
+def column_window(first: int, end: int, width: int, bucket: int = 16) -> tuple[int, int]:
+    """(start, width) of the columns a batch keeps: every used column (first..end-1) at a width from
+    `bucket_width`'s ladder, at most the rows' own `width`, so only a few shapes are ever compiled. Widened to the
+    left first (prompts are left-padded), then to the right."""
+    keep = min(width, max(bucket_width(end - first, bucket), 2))
+    return min(first, width - keep), keep
+
+
+def training_batch(rounds, groups: dict, target: int, G: int, mesh, bucket: int = 16, group_bucket: int = 4) -> dict:
+    """The step's batch: the kept groups' rows gathered on the device from the sampling rounds' `rounds` (Rows,
+    one per round) by `groups["group_id"]` (host: a group's index in the rounds' rows concatenated), padded with
+    zero rows up to a multiple of `group_bucket` groups (at most `target`: filtered-out groups cost no training
+    compute), all-padding columns cut (`column_window`). Adds rewards and truncated [groups, G] and domain_idx [N]."""
+    n = len(groups["group_id"])
+    target = min(target, max(-(-n // group_bucket) * group_bucket, group_bucket)) if group_bucket else target
+    pad = target - n
+    padded = lambda x: np.concatenate([x, np.zeros((pad, *np.shape(x)[1:]), np.asarray(x).dtype)])  # noqa: E731
+    row_idx = (padded(groups["group_id"])[:, None] * G + np.arange(G)).reshape(-1).astype(np.int32)
+    first, width = column_window(int(groups["first"].min()), int(groups["end"].max()), rounds[0].tokens.shape[1],
+                                 bucket)
+    index = jax.device_put((row_idx, np.repeat(np.arange(target) < n, G), np.int32(first)))
+    rows = _gather(tuple(rounds), *index, width=width, mesh=mesh)
+    host = {"rewards": padded(groups["rewards"]).astype(np.float32), "truncated": padded(groups["truncated"]),
+            "domain_idx": np.repeat(padded(groups["domain_idx"]).astype(np.int32), G)}
+    return rows._asdict() | shard_batch(mesh, host)
+
+
+@functools.partial(jax.jit, static_argnames=("width", "mesh"))
+def _gather(rounds, row_idx, keep, first, *, width: int, mesh) -> Rows:
+    rows = jax.tree.map(lambda *xs: jnp.concatenate(xs), *rounds) if len(rounds) > 1 else rounds[0]
+
+    def take(x, w):
+        x = jax.lax.dynamic_slice_in_dim(x[row_idx], first, w, axis=1)
+        x = jnp.where(keep[:, None], x, jnp.zeros((), x.dtype))  # padding rows: no token, no weight
+        return jax.lax.with_sharding_constraint(x, batch_sharding(mesh, 2, x.shape[0]))
+    return Rows(*(take(x, width - (k in ("mask", "sampler_logp")))
+                  for k, x in zip(Rows._fields, rows)))
 
 
 def rollout_metrics(groups, domains):

@@ -1,11 +1,14 @@
-"""The on-policy update every RL stage kind runs (GRPO, RLHF, MOPD and its GKD variants), in three pure parts:
+"""The on-policy update every RL stage kind runs (GRPO, RLHF, MOPD and its GKD variants), over device arrays:
 
-    batch = build_batch(groups, ...)            rollouts -> group advantages -> flat training rows (host)
-    batch |= FrozenRoles(...)(batch)            the reference's / teachers' log-probs, each role its own jit
-    state, metrics = policy_update(state, batch, ...)   objective -> gradients -> optax chain (one jit)
+    batch = rollouts.training_batch(...)        the kept groups' rows, gathered on the device
+    frozen = FrozenRoles(...)(batch)            the reference's / teachers' log-probs, each role its own jit
+    state, metrics = policy_update(state, batch | frozen, ...)   rewards -> group advantages -> objective ->
+                                                gradients -> optax chain, one jit
 
 The objective (nemocascade/objectives.py) decides what the frozen roles must provide; the optax chain
-(nemocascade/optim.py) sums per-term gradients, clips, applies AdamW and zeroes frozen parameters.
+(nemocascade/optim.py) clips, applies AdamW and zeroes frozen parameters. The frozen roles run in their own jits
+rather than inside the step: a role's activations are freed before the policy's forward and backward start, so
+the peak is the larger of the two programs, not their sum (benchmarks/memory_plan.py compiles each).
 """
 from __future__ import annotations
 
@@ -13,40 +16,12 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from nemocascade import losses, optim
 from nemocascade.models import forward, forward_hidden, head_logprobs, lm_head
-from nemocascade.rl import filters
-from nemocascade.rl.rollouts import trim_columns
 
 TEACHER_INPUTS = frozenset({"teacher_logp", "teacher_logits"})
-
-
-def build_batch(groups, *, overlong: str, adv_eps: float, target: int, bucket: int = 16, group_bucket: int = 4,
-                with_advantages: bool = True):
-    """Group filters -> advantages -> flat training rows, padded with zero-weight groups up to a multiple of
-    `group_bucket` (at most `target`): filtered-out groups cost no training compute.
-
-    Columns that are padding in every row are cut in multiples of `bucket` (few compiled shapes). Rows carry
-    `domain_idx` (index into the run's domains). Without advantages (an objective with no reward term) the
-    rewards are not read and `advantages` is 0."""
-    rewards, loss_keep = filters.overlong(groups["rewards"], groups["truncated"], overlong)
-    n_prompts, G = rewards.shape
-    adv = (np.asarray(losses.group_advantages(jnp.asarray(rewards), adv_eps)) if with_advantages
-           else np.zeros(rewards.shape, np.float32))
-    mask = groups["mask"] * loss_keep[..., None]
-    if group_bucket:
-        target = min(target, max(-(-n_prompts // group_bucket) * group_bucket, group_bucket))
-    pad = target - n_prompts
-    padded = lambda x: np.concatenate([x, np.zeros((pad, *x.shape[1:]), x.dtype)]) if pad else x  # noqa: E731
-    flat = lambda x: padded(x).reshape(target * G, *x.shape[2:])  # noqa: E731
-    batch = {"tokens": flat(groups["tokens"]), "valid": flat(groups["valid"]), "positions": flat(groups["positions"]),
-             "mask": flat(mask.astype(np.float32)), "sampler_logp": flat(groups["sampler_logp"]),
-             "advantages": flat(adv.astype(np.float32)),
-             "domain_idx": flat(np.repeat(np.asarray(groups["domain_idx"], np.int32)[:, None], G, 1))}
-    return trim_columns(batch, bucket) | {"has_data": np.float32(n_prompts > 0)}
 
 
 class FrozenRoles:
@@ -138,18 +113,34 @@ def _teacher_pass(model_cfg, full: bool, topk: int, params, batch, rows, acc):
     return jax.tree.map(pick, new, acc)
 
 
+def advantages(rewards, truncated, mask, overlong: str, eps: float, needed: bool = True):
+    """(advantages [N], loss mask [N, T]) of P x G rollouts' rewards and truncation flags [P, G] (N = P x G).
+    DAPO's overlong handling: "filter" drops a truncated rollout from the loss while its reward stays in its
+    group's statistics; "penalty" rewards it 0; "none". A = (r - mean_g r) / (std_g r + eps) (C1/C2 Eq. 1); 0 where
+    no term reads them (`needed`: rewards may be unscored, NaN)."""
+    if overlong == "penalty":
+        rewards = jnp.where(truncated, 0.0, rewards)
+    if overlong == "filter":
+        mask = mask * ~truncated.reshape(-1, 1)
+    adv = losses.group_advantages(rewards, eps) if needed else jnp.zeros(rewards.shape, jnp.float32)
+    return adv.reshape(-1), mask
+
+
 def policy_update(state, batch, *, model_cfg, tx, objective, micro_batches: int = 1, domains=(),
-                  split_terms: bool = False, merged=lambda p: p):
+                  split_terms: bool = False, overlong: str = "none", adv_eps: float = 1e-6, grad_clip: float = 0.0,
+                  merged=lambda p: p):
     """One optimiser update on `objective` (objectives.Objective).
 
-    batch: tokens/valid/positions [N, L]; mask, sampler_logp [N, L-1]; advantages, domain_idx [N]; has_data
-    (0: a no-op update, only the step counter moves); plus what FrozenRoles added. `domains`: (run-domain
-    index, name) pairs to log reverse KL per domain. `micro_batches` split the rows; every reduction uses the
-    whole batch's normaliser, so their summed gradient is the full batch's. `split_terms`: hand the optax
-    chain one gradient per term (optim.sum_term_grads logs their norms; one backward pass per term). `merged`:
-    state.params -> the params the model applies (LoRA's merge, stages/common.py over_adapters)."""
+    batch: tokens/valid/positions [N, L]; mask, sampler_logp [N, L-1]; domain_idx [N]; rewards and truncated
+    [P, G] (N = P x G, a group's rows adjacent); plus what FrozenRoles added. The group advantages are computed
+    here (`advantages`, with `overlong` and `adv_eps`). `domains`: (run-domain index, name) pairs to log reverse KL
+    per domain. `micro_batches` split the rows; every reduction uses the whole batch's normaliser, so their summed
+    gradient is the full batch's. `split_terms`: one backward pass per term, to log grad_norm/<term>. `grad_clip`:
+    the chain's clipping norm, for the `clipped` metric. `merged`: state.params -> the params the model applies
+    (LoRA's merge, stages/common.py over_adapters)."""
     batch = dict(batch)
-    keep = batch.pop("has_data") > 0
+    batch["advantages"], batch["mask"] = advantages(batch.pop("rewards"), batch.pop("truncated"), batch["mask"],
+                                                    overlong, adv_eps, "advantages" in objective.needs)
     mask = batch["mask"]
     normalizer = losses.loss_normalizer(mask, objective.aggregation)
     row_tokens = jnp.sum(mask, -1)
@@ -190,12 +181,13 @@ def policy_update(state, batch, *, model_cfg, tx, objective, micro_batches: int 
         zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grads_of, first))
         (loss, metrics, grads), _ = jax.lax.scan(lambda c, b: (jax.tree.map(jnp.add, c, grads_of(b)), None),
                                                  zeros, split)
+    if split_terms:
+        metrics |= {f"grad_norm/{k}": optax.global_norm(g) for k, g in grads.items()}
+        grads = jax.tree.map(lambda *g: sum(g[1:], g[0]), *grads.values())
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    new_params = optax.apply_updates(state.params, updates)
-    pick = lambda new, old: jax.tree.map(lambda a, b: jnp.where(keep, a, b), new, old)  # noqa: E731
-    metrics = {**metrics, **optim.logged(opt_state), "loss": loss} | {f"weight/{k}": w for k, w in weights.items()}
-    return state.replace(step=state.step + 1, params=pick(new_params, state.params),
-                         opt_state=pick(opt_state, state.opt_state)), metrics
+    metrics |= optim.grad_metrics(grads, grad_clip) | {"loss": loss} | {f"weight/{k}": w for k, w in weights.items()}
+    return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                         opt_state=opt_state), metrics
 
 
 def _diagnostics(x, n_tok, domains, domain_tokens) -> dict:

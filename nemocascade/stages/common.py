@@ -280,6 +280,7 @@ class Trainer:
         self._data_state = self._snapshot()
         self._step = jax.jit(_skip_nonfinite(step_fn), donate_argnums=0,
                              out_shardings=(self.state_shardings, replicated(mesh)))
+        self._advance = jax.jit(lambda s: s.replace(step=s.step + 1), donate_argnums=0)
         self._bar = None
         self._nonfinite_run = 0  # consecutive skipped steps
         self._diverged = ""  # why the run must stop after the current step, once too many were skipped
@@ -316,8 +317,7 @@ class Trainer:
                              f"structure (grad_clip on/off, AdamW); use 'reset' otherwise.") from err
         finally:
             prev.close()
-        # schedule counters restart; the logging links' records (per-term norms: other terms) are this stage's
-        own = lambda x: isinstance(x, (optax.ScaleByScheduleState, optim.TermGradNorms, optim.ClipState))  # noqa: E731
+        own = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731  (schedule counters restart)
         return jax.tree.map(lambda new, o: new if own(new) else o, self.state.opt_state, old.opt_state,
                             is_leaf=own)
 
@@ -360,6 +360,12 @@ class Trainer:
                               f"{self.ckpt.directory}/{int(self.state.step)}. Lower config.stages.{self.name}.optim.lr "
                               "or raise max_nonfinite_steps")
         return {k: v for k, v in metrics.items() if k not in bad}  # NaN has no place in metrics.jsonl
+
+    def skip(self) -> dict:
+        """A step with nothing to train on (every group filtered out): only the step counter moves."""
+        self._data_state = self._snapshot()
+        self.state = self._advance(self.state)
+        return {}
 
     def log(self, step: int, metrics: dict):
         metrics = {**metrics, **self._compiles.take(), "state_mb": self._state_mb, "peak_rss_mb": peak_rss_mb()}

@@ -204,7 +204,7 @@ def run(ctx: common.RunContext, name: str, stage, params):
     B = stage.prompts_per_step
     objective = objectives.build(stage.objective, stage.aggregation, stage)
     split = bool(stage.log_term_grad_norms) and len(objective.terms) > 1
-    tx, schedule = optim.make_optimizer(stage.optim, stage.steps, objective.names if split else ())
+    tx, schedule = optim.make_optimizer(stage.optim, stage.steps)
     trains_on_rewards = "advantages" in objective.needs
     teachers, teacher_of_domain = load_teachers(ctx, name, stage) if objective.needs & update.TEACHER_INPUTS \
         else ((), None)
@@ -219,7 +219,8 @@ def run(ctx: common.RunContext, name: str, stage, params):
                                           scorer=reward_scorer(ctx, stage))
     run_domains = list(ctx.cfg.data.domains)
     step_fn = functools.partial(update.policy_update, model_cfg=ctx.model_cfg, tx=tx, objective=objective,
-                                micro_batches=stage.micro_batches, split_terms=split,
+                                micro_batches=stage.micro_batches, split_terms=split, overlong=stage.overlong,
+                                adv_eps=stage.adv_eps, grad_clip=stage.optim.grad_clip,
                                 domains=tuple((run_domains.index(d), d) for d in stage.domains))
     trainer = common.Trainer(ctx, name, stage, params, tx, step_fn, data_iter=data_iter,
                              extra_state_fns=(rollouts.state_dict, rollouts.load_state_dict))
@@ -228,12 +229,13 @@ def run(ctx: common.RunContext, name: str, stage, params):
         for step in trainer.steps():
             max_new = max_new_tokens_at(stage, step)
             rng = jax.random.fold_in(jax.random.wrap_key_data(trainer.state.rng), step)
-            groups, first, fstats, timing = sample_groups(rollouts, trainer.params, stage, max_new, rng, score)
-            batch = update.build_batch(groups, overlong=stage.overlong, adv_eps=stage.adv_eps, target=B,
-                                       with_advantages=trains_on_rewards)
+            rows, kept, first, fstats, timing = sample_groups(rollouts, trainer.params, stage, max_new, rng, score)
             t0 = time.perf_counter()
-            batch = trainer.put(batch)
-            metrics = trainer.update(batch | roles(batch))
+            if fstats["kept"]:  # every group filtered out: no update, the step counter moves on
+                batch = rollouts_lib.training_batch(rows, kept, B, stage.group_size, ctx.mesh)
+                metrics = trainer.update(batch | roles(batch))
+            else:
+                metrics = trainer.skip()
             timing["train_s"] = time.perf_counter() - t0
             metrics |= dict(timing) | (rollouts_lib.rollout_metrics(first, run_domains) if score else {
                 "response_len": float(first["lengths"].mean()), "truncation_rate": float(first["truncated"].mean())})
@@ -267,8 +269,8 @@ def solve_rate_prefilter(ctx, name: str, stage, params) -> list[dict]:
     for start in progress(range(0, len(examined), B), desc=f"[{name}] prefilter x{K}"):
         part = examined[start:start + B]
         part += [part[-1]] * (B - len(part))  # one compiled shape
-        groups, _ = source.sample(params, part, max_new_tokens_at(stage, 0), jax.random.fold_in(rng, start))
-        solved += (groups["rewards"] >= 1.0).sum(1)[:len(examined) - start].tolist()
+        sampled, _ = source.sample(params, part, max_new_tokens_at(stage, 0), jax.random.fold_in(rng, start))
+        solved += (sampled.groups["rewards"] >= 1.0).sum(1)[:len(examined) - start].tolist()
     solved = np.asarray(solved)
     kept = [r for r, k in zip(examined, prefilter_keep(solved, K, stage.prefilter_drop_unsolved, ctx.cfg.seed)) if k]
     if not kept:
@@ -293,17 +295,20 @@ def prefilter_keep(solved, samples: int, drop_unsolved: float, seed: int) -> np.
 
 def sample_groups(rollouts, params, stage, max_new: int, rng, score: bool):
     """`prompts_per_step` prompts x G rollouts, sampled again (up to `refill_rounds`, always B prompts a round: one
-    compiled sampler) while the reward filters drop groups -> (kept groups, the first round's groups, filter
-    stats, timings summed over rounds)."""
+    compiled sampler) while the reward filters drop groups -> (each round's device rows, the kept groups (host,
+    with `group_id`: the index into the rounds' rows), the first round's groups, filter stats, timings summed
+    over rounds). The filters read only the host's rewards; the rows stay on the device."""
     B = stage.prompts_per_step
     buf = filters.RefillBuffer(B, stage.refill_rounds if stage.dynamic_filter else 1)
-    timing, first, rounds = defaultdict(float), None, 0
+    timing, first, rows = defaultdict(float), None, []
     while not buf.ready():
-        groups, t = rollouts.sample(params, rollouts.prompts(B), max_new, jax.random.fold_in(rng, rounds), score=score)
-        rounds += 1
+        sampled, t = rollouts.sample(params, rollouts.prompts(B), max_new, jax.random.fold_in(rng, len(rows)),
+                                     score=score)
         for k, v in t.items():  # seconds and verifier counts add up over rounds; the agent's means: first round's
-            if k.endswith("_s") or k.startswith("verifier_") or not rounds - 1:
+            if k.endswith("_s") or k.startswith("verifier_") or rows == []:
                 timing[k] += v
+        groups = sampled.groups | {"group_id": B * len(rows) + np.arange(B)}
+        rows.append(sampled.rows)
         first = first or groups
         keep = np.ones(B, bool)
         if stage.dynamic_filter:
@@ -311,8 +316,8 @@ def sample_groups(rollouts, params, stage, max_new: int, rng, score: bool):
         if stage.mask_if_max_reward_below != DEFAULTS["mask_if_max_reward_below"]:
             keep &= filters.max_reward_keep(groups["rewards"], stage.mask_if_max_reward_below)
         buf.add(groups, keep)
-    groups, fstats = buf.take()
-    return groups, first, fstats, timing
+    kept, fstats = buf.take()
+    return rows, kept, first, fstats, timing
 
 
 def reward_scorer(ctx, stage):

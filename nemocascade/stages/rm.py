@@ -69,7 +69,7 @@ def pair_dataset(source, tokenizer, seq_len: int, batch_size: int, seed: int) ->
     return ds.batch(batch_size, drop_remainder=True).to_iter_dataset(pipeline.READ_OPTIONS)
 
 
-def rm_step(state, batch, *, model_cfg, tx, margin):
+def rm_step(state, batch, *, model_cfg, tx, margin, grad_clip: float = 0.0):
     tokens = jnp.concatenate([batch["chosen"], batch["rejected"]])
     valid = jnp.concatenate([batch["chosen_valid"], batch["rejected_valid"]])
     positions = left_pad_positions(valid)
@@ -81,7 +81,7 @@ def rm_step(state, batch, *, model_cfg, tx, margin):
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {**metrics, "loss": loss, **optim.logged(opt_state)}  # grad_norm, clipped: the chain's record
+    metrics = {**metrics, "loss": loss, **optim.grad_metrics(grads, grad_clip)}
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -130,7 +130,8 @@ def train_rm(ctx: common.RunContext, name: str, stage, params):
     seed = ctx.cfg.seed + common.stage_index(ctx, name)
     data_iter = iter(pair_dataset(source, ctx.tokenizer, stage.seq_len, stage.batch_size, seed))
     rm_params = reward_model.init_rm(params, ctx.model_cfg, jax.random.key(seed), stage.head_std)
-    step_fn = functools.partial(rm_step, model_cfg=ctx.model_cfg, tx=tx, margin=float(stage.margin))
+    step_fn = functools.partial(rm_step, model_cfg=ctx.model_cfg, tx=tx, margin=float(stage.margin),
+                                grad_clip=stage.optim.grad_clip)
     trainer = common.Trainer(ctx, name, stage, rm_params, tx, step_fn, data_iter=data_iter,
                              param_shardings=reward_model.param_shardings(ctx.model_cfg, ctx.mesh))
     scores = None

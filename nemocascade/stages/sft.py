@@ -55,7 +55,7 @@ def check_room(source, tokenizer, seq_len: int, thinking: bool, sample: int = 64
     return None
 
 
-def sft_step(state: train_state.TrainState, batch, *, model_cfg, tx, merged=lambda p: p):
+def sft_step(state: train_state.TrainState, batch, *, model_cfg, tx, grad_clip: float = 0.0, merged=lambda p: p):
     """`merged`: state.params -> the params the model applies (LoRA's merge, common.over_adapters)."""
     def loss_fn(params):
         tokens = batch["tokens"]
@@ -71,7 +71,7 @@ def sft_step(state: train_state.TrainState, batch, *, model_cfg, tx, merged=lamb
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = {**metrics, "loss": loss, **optim.logged(opt_state)}  # grad_norm, clipped: the chain's record
+    metrics = {**metrics, "loss": loss, **optim.grad_metrics(grads, grad_clip)}
     return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
@@ -81,7 +81,7 @@ def run(run_ctx: common.RunContext, name: str, stage, params):
     source = common.mixture_source(run_ctx, stage.domains, "train", stage.mix)
     ds = pipeline.sft_dataset(source, run_ctx.tokenizer, stage.seq_len, stage.batch_size,
                               seed=run_ctx.cfg.seed + common.stage_index(run_ctx, name), pack=stage.pack)
-    step_fn = functools.partial(sft_step, model_cfg=run_ctx.model_cfg, tx=tx)
+    step_fn = functools.partial(sft_step, model_cfg=run_ctx.model_cfg, tx=tx, grad_clip=stage.optim.grad_clip)
     trainer = common.Trainer(run_ctx, name, stage, params, tx, step_fn, data_iter=iter(ds))
     tokens_per_step = stage.batch_size * (stage.seq_len - 1)
 
