@@ -12,10 +12,10 @@ Contents:
   token_logprobs        log pi(y_t) of the sampled tokens; token_entropy.
   group_advantages      GRPO group-normalised advantages (C1/C2 Eq. 1).
   kl_penalty            per-token k1/k2/k3 KL estimators (Schulman 2020).
-  grpo_loss             strictly on-policy GRPO, token-mean (DAPO) by default; micro-batch-exact.
-  loss_normalizer       the global denominator ``grpo_loss`` needs when micro-batching.
-  mopd_loss             multi-domain on-policy distillation (C2 section 4.4); mopd_token_loss its per-token part.
+  loss_normalizer       the denominator of the one reduction, on the global batch (micro-batch-exact).
   aggregate_sum         the one reduction (token_mean / seq_mean_token_mean / constant), over loss_normalizer.
+  mopd_token_loss       multi-domain on-policy distillation's per-token loss (C2 section 4.4).
+The objective terms (objectives.py) combine these: GRPO is the `pg` term (+ `kl`), MOPD the `mopd` term.
   forward_kl / reverse_kl / generalized_jsd   full-distribution distillation losses (GKD), per token.
   bradley_terry_loss    pairwise reward-model loss (RLHF, C1 scalar RM).
 """
@@ -137,7 +137,7 @@ def kl_penalty(logp, ref_logp, estimator="k3"):
 
 
 def loss_normalizer(mask, aggregation="token_mean"):
-    """The denominator ``grpo_loss`` divides its sums by, computed on a (global) mask [N, T].
+    """The denominator an objective's sums are divided by, computed on a (global) mask [N, T].
 
     token_mean: ``sum(mask)``; seq_mean_token_mean: number of responses with >= 1 valid token;
     constant: ``N * T``. Floored at 1 so an empty batch gives loss 0, not NaN. Compute it once on the whole
@@ -168,95 +168,19 @@ def aggregate_sum(per_token, mask, aggregation):
     return jnp.sum(mask * per_token)  # token_mean and constant differ only in the normalizer
 
 
-def grpo_loss(
-    logp, advantages, mask, kl_coef=0.0, ref_logp=None, kl_estimator="k3", aggregation="token_mean", normalizer=None
-):
-    """Strictly on-policy GRPO loss (C1/C2 Eq. 1, METHOD.md "GRPO as used in every RL stage").
-
-    One optimiser update per sampled batch makes the importance ratio pi/pi_old identically 1, and
-    ``grad ratio |_{ratio=1} = grad log pi``, so the per-token objective is simply ``-A_i * logp_{i,t}``
-    (its value is not the PPO surrogate's value; its gradient is the same). Clipping never triggers at
-    ratio 1 and is omitted.
-
-    Per-token loss ``l_{i,t} = -A_i * logp_{i,t} + kl_coef * kl_{i,t}`` (kl from ``kl_penalty``), reduced by
-    ``aggregation``:
-      token_mean (default, DAPO):  L = sum_{i,t} m l / sum_{i,t} m
-      seq_mean_token_mean:         L = mean over responses with |m_i| > 0 of (sum_t m l / sum_t m)
-      constant (Dr. GRPO):         L = sum_{i,t} m l / (N * T),  T = mask.shape[1]
-    ``normalizer``: a scalar that replaces the whole denominator (see ``loss_normalizer``). For
-    micro-batching, pass ``loss_normalizer(global_mask, aggregation)`` to every micro-batch and sum their
-    losses/gradients: the result equals the full-batch loss/gradient. With the constant aggregation a
-    fixed denominator such as ``N * max_len`` may also be passed directly.
-
-    Args: logp, mask, ref_logp [N, T]; advantages [N] (treated as constants).
-    Returns: (loss, metrics). metrics: ``pg_loss`` (the policy-gradient part, same reduction; with a
-    normalizer it is this micro-batch's share), ``kl`` (mean over valid tokens, only if ref_logp given),
-    ``num_tokens`` (sum of mask).
-    """
-    if aggregation not in AGGREGATIONS:
-        raise ValueError(f"aggregation={aggregation!r} is unknown; expected one of {AGGREGATIONS}")
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator={kl_estimator!r} is unknown; expected one of {KL_ESTIMATORS}")
-    if kl_coef < 0:
-        raise ValueError(f"kl_coef={kl_coef} must be >= 0")
-    if kl_coef > 0 and ref_logp is None:
-        raise ValueError(f"kl_coef={kl_coef} > 0 needs ref_logp (the frozen reference's log-probs)")
-    chex.assert_rank(logp, 2, custom_message="logp must be [N, T]")
-    _check_same_shape("logp", logp, mask=mask, ref_logp=ref_logp)
-    chex.assert_shape(advantages, jnp.shape(logp)[:1], custom_message="advantages must be [N], one per response")
-
-    denom = loss_normalizer(mask, aggregation) if normalizer is None else _f32(normalizer)
-    adv = jax.lax.stop_gradient(_f32(advantages))[:, None]
-    pg_per_token = -adv * _f32(logp)
-    pg_loss = aggregate_sum(pg_per_token, mask, aggregation) / denom
-    metrics = {"pg_loss": pg_loss, "num_tokens": jnp.sum(_f32(mask))}
-    loss = pg_loss
-    if ref_logp is not None:
-        kl = kl_penalty(logp, ref_logp, kl_estimator)
-        metrics["kl"] = _masked_mean(jax.lax.stop_gradient(kl), mask)
-        if kl_coef > 0:
-            loss = loss + kl_coef * aggregate_sum(kl, mask, aggregation) / denom
-    return loss, metrics
-
-
 # ---------------------------------------------------------------------------------------------- MOPD
 
 
-def mopd_loss(logp_train, logp_teacher, logp_sampler, mask, is_low=0.5, is_high=2.0, normalizer=None):
-    """Multi-domain on-policy distillation loss (C2 section 4.4, METHOD.md "MOPD").
+def mopd_token_loss(logp_train, logp_teacher, logp_sampler, is_low=0.5, is_high=2.0):
+    """Multi-domain on-policy distillation's per-token loss (C2 section 4.4, METHOD.md "MOPD").
 
     Per sampled token y_t ~ pi_inf (only the sampled token, not the vocabulary):
       a_t   = sg[log pi_teacher(y_t) - log pi_train(y_t)]                      (token advantage)
       r_t   = exp(sg[log pi_train(y_t)] - log pi_inf(y_t))                     (train/sampler mismatch)
       w_t   = sg[r_t] * 1[is_low <= r_t <= is_high]       (outside the band: weight 0, NOT clipped)
-      L     = -mean_{y: |V(y)|>0} [ (1/|V(y)|) sum_{t in V(y)} w_t a_t log pi_train(y_t) ]
-    V(y) = the valid (mask = 1) tokens of response y. Responses with |V(y)| = 0 contribute 0 and are left
-    out of the mean (so padding rows never dilute it); with no valid response at all the loss is 0.
-    ``normalizer``: replaces the count of valid responses, for micro-batching (pass the global count).
-
-    Gradient: dL/dlogp_train[i,t] = -w_t a_t m_{i,t} / |V(y_i)| / num_valid_responses.
-    Args: all [N, T]. Returns (loss, metrics): ``reverse_kl`` = masked mean of (logp_train - logp_teacher)
-    (should fall toward 0), ``is_weight_mean`` (masked mean of w), ``is_clip_frac`` (fraction of valid
-    tokens outside the band), ``num_tokens``, ``num_responses`` (responses with >= 1 valid token).
-    """
-    _check_same_shape("logp_train", logp_train, mask=mask)
-    per_token, weight, in_band = mopd_token_loss(logp_train, logp_teacher, logp_sampler, is_low, is_high)
-    mask = _f32(mask)
-    denom = loss_normalizer(mask, "seq_mean_token_mean") if normalizer is None else _f32(normalizer)
-    loss = aggregate_sum(per_token, mask, "seq_mean_token_mean") / denom
-    metrics = {
-        "reverse_kl": _masked_mean(jax.lax.stop_gradient(_f32(logp_train) - _f32(logp_teacher)), mask),
-        "is_weight_mean": _masked_mean(weight, mask),
-        "is_clip_frac": _masked_mean(1.0 - in_band, mask),
-        "num_tokens": jnp.sum(mask),
-        "num_responses": jnp.sum(jnp.sum(mask, axis=-1) > 0).astype(jnp.float32),
-    }
-    return loss, metrics
-
-
-def mopd_token_loss(logp_train, logp_teacher, logp_sampler, is_low=0.5, is_high=2.0):
-    """MOPD's per-token loss ``-w_t a_t log pi_train(y_t)`` (see ``mopd_loss``), with ``w_t`` and the band
-    indicator (float) for logging: ``(per_token, w, in_band)``, all [N, T]."""
+      l_t   = -w_t a_t log pi_train(y_t)
+    reduced by seq_mean_token_mean (`aggregate_sum`): the mean over responses with a valid token of each one's
+    token mean. Returns ``(l, w, in_band)``, all [N, T] (w and the band indicator, float, for logging)."""
     if not 0 < is_low <= 1 <= is_high:
         raise ValueError(f"is_low={is_low}, is_high={is_high}: need 0 < is_low <= 1 <= is_high")
     chex.assert_rank(logp_train, 2, custom_message="logp_train must be [N, T]")

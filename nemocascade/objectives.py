@@ -85,7 +85,9 @@ def register(name: str, *, needs=(), options=(), logits: bool = False):
 
 @register("pg", needs=("advantages",))
 def policy_gradient(x):
-    """GRPO's strictly on-policy term -A_i log pi(y_it) (ratio 1, so PPO's clip never acts; losses.grpo_loss)."""
+    """GRPO's strictly on-policy term -A_i log pi(y_it) (C1/C2 Eq. 1). One update per sampled batch makes the ratio
+    pi / pi_old identically 1 and grad ratio = grad log pi there, so PPO's clip never acts and is omitted: the
+    value is not the surrogate's, the gradient is."""
     return -jax.lax.stop_gradient(x["advantages"])[:, None] * x["logp"], {}
 
 
@@ -104,7 +106,7 @@ def entropy_bonus(x):
 
 @register("mopd", needs=("teacher_logp",), options=("is_low", "is_high"))
 def mopd(x, is_low, is_high):
-    """MOPD's sampled-token reverse KL with the truncated IS band (losses.mopd_loss; C2 section 4.4)."""
+    """MOPD's sampled-token reverse KL with the truncated IS band (losses.mopd_token_loss; C2 section 4.4)."""
     per_token, weight, in_band = losses.mopd_token_loss(x["logp"], x["teacher_logp"], x["sampler_logp"],
                                                         is_low, is_high)
     return per_token, {"is_weight_mean": weight, "is_clip_frac": 1.0 - in_band}

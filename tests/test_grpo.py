@@ -68,7 +68,7 @@ def test_micro_batches_give_the_full_batch_update(aggregation):
 
 def test_pg_gradient_equals_hand_formula():
     """d/dtheta of -sum m A logp / sum m, checked against jax.grad of the same formula written out
-    with the model's own log-probs (independent of losses.grpo_loss)."""
+    with the model's own log-probs (independent of the objective's terms)."""
     batch = _batch(n=4, seed=3)
     params = init_params(CFG, jax.random.key(1))
     new, _ = _step(_stage(), batch, params=params)
