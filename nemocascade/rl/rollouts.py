@@ -50,8 +50,11 @@ class RolloutSource:
     `rewards`: domain -> reward function for this stage (default: each domain's registered reward).
     Its state (`state_dict`) goes into the stage checkpoint, so a resumed stage draws the same prompts."""
 
-    def __init__(self, ctx, stage, data_iter, epoch_len: int, epoch_filter=None, rewards=None, scorer=None):
+    def __init__(self, ctx, stage, data_iter, epoch_len: int, epoch_filter=None, rewards=None, scorer=None,
+                 group_size: int | None = None):
+        """`group_size`: rollouts per prompt, when not the stage's (C2's prefilter samples each problem more often)."""
         self.ctx, self.stage, self.data_iter, self.epoch_len = ctx, stage, data_iter, epoch_len
+        self.G = stage.group_size if group_size is None else group_size
         self.epoch_filter, self.rewards = epoch_filter, rewards
         self.scorer = scorer  # (records, texts, lengths [P, G]) -> rewards [P, G]: a reward model instead of verifiers
         self.drawn = 0
@@ -88,7 +91,7 @@ class RolloutSource:
         The records go to the sampler in `stage.score_overlap` equal chunks (the largest divisor of P at most
         that): chunk c+1 is dispatched before chunk c is scored, so the verifiers run while the device generates
         (`pipelined`). One chunk samples all P prompts with `rng` itself; chunk c of several uses fold_in(rng, c)."""
-        ctx, stage, G = self.ctx, self.stage, self.stage.group_size
+        ctx, stage, G = self.ctx, self.stage, self.G
         if stage.get("max_turns", 1) > 1:
             return self._episodes(params, records, max_new, rng)
         P = len(records)
@@ -139,9 +142,9 @@ class RolloutSource:
         settings = episode_settings(stage, max_new, ctx)
         traj = episodes.run_episodes(params, ctx.model_cfg, ctx.tokenizer, records,
                                      [envs.env_name(r["domain"], stage.envs) for r in records], settings, rng,
-                                     ctx.mesh, stage.group_size)
+                                     ctx.mesh, self.G)
         domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
-        g = episodes.trajectory_groups(traj, [domain_index[r["domain"]] for r in records], stage.group_size,
+        g = episodes.trajectory_groups(traj, [domain_index[r["domain"]] for r in records], self.G,
                                        settings.max_prompt_len, settings.budget)
         if self.epoch_filter:
             self.epoch_filter.update([r["id"] for r in records], g["rewards"])
@@ -155,7 +158,7 @@ class RolloutSource:
 
     def _score(self, records, response, lengths, score: bool):
         """(rewards [P, G], verifier counts) of the host `response` (tokens, mask [P*G, N]) for `records`."""
-        ctx, G, P = self.ctx, self.stage.group_size, len(records)
+        ctx, G, P = self.ctx, self.G, len(records)
         verifier = {f"verifier_{k}": 0 for k in OUTCOMES}  # a reward model (scorer) is no verifier: 0
         if not score:
             return np.full((P, G), np.nan, np.float32), verifier

@@ -260,10 +260,7 @@ def solve_rate_prefilter(ctx, name: str, stage, params) -> list[dict]:
         ids = set(json.loads(files.read_text(path))["kept_ids"])
         return [r for r in examined if r["id"] in ids]
     K, B = stage.prefilter_samples, stage.prompts_per_step
-    probe = stage.copy_and_resolve_references()
-    with probe.unlocked():
-        probe.group_size, probe.dynamic_filter = K, False
-    source = rollouts_lib.RolloutSource(ctx, probe, iter(()), 1, rewards=common.stage_rewards(stage))
+    source = rollouts_lib.RolloutSource(ctx, stage, iter(()), 1, rewards=common.stage_rewards(stage), group_size=K)
     solved = []
     rng = jax.random.key(ctx.cfg.seed + 7919)
     for start in progress(range(0, len(examined), B), desc=f"[{name}] prefilter x{K}"):
