@@ -2,6 +2,7 @@
 hand-checked case, group advantages and overlong handling inside it), the training batch gathered on the device,
 curriculum; the data path from sampler to update without a device-to-host transfer."""
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -360,3 +361,26 @@ def test_no_device_to_host_transfer_between_sampling_and_the_update():
         return device_part(rows._replace(tokens=jnp.asarray(np.asarray(rows.tokens))), state)
     with pytest.raises(jax.errors.TracerArrayConversionError):
         jax.eval_shape(leaky, sampled.rows, state)
+
+
+def test_a_step_with_every_group_filtered_trains_nothing_and_moves_on(tmp_path):
+    """mask_if_max_reward_below=1.5: no rollout can earn more than 1, so every group is dropped and the host skips
+    the update: the step counter still moves (the checkpoint is at the last step), the params are the start's,
+    and the metrics rows say 0 kept groups and carry no loss."""
+    from conftest import final_params, tiny_math_config
+    from nemocascade import cascade
+
+    cfg = tiny_math_config("cascade_math:tiny", tmp_path)
+    cfg.stage_order = ("grpo",)
+    cfg.eval_init = True  # saves the start params (checkpoints/final/init)
+    cfg.stages.grpo.update(steps=3, prompts_per_step=2, group_size=2, length_curriculum=((0, 8),),
+                           mask_if_max_reward_below=1.5, checkpoint_every=10, eval_every=0)
+    wd = str(tmp_path / "run")
+    cascade.run(cfg, wd, "skip_test")
+    rows = [json.loads(line) for line in open(f"{wd}/metrics.jsonl") if '"grpo"' in line]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert all(r["kept_groups"] == 0 and "loss" not in r for r in rows)
+    assert max(int(s) for s in os.listdir(f"{wd}/checkpoints/grpo") if s.isdigit()) == 3
+    start, end = final_params(wd, "init"), final_params(wd, "grpo")
+    for a, b in zip(jax.tree.leaves(start), jax.tree.leaves(end), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
