@@ -134,3 +134,20 @@ def test_the_readmes_reward_example_trains_one_stage_on_it(monkeypatch):
     assert common.stage_rewards(cfg.stages.sft) == {"math": rewards.get_reward("math")}  # the others keep math's
     assert rewards.get_reward("math") is not strict_math  # and so does evaluation (the domain's own)
     assert [strict_math(t, "0.5") for t in ("\\boxed{0.5}", "\\boxed{1/2}")] == [1.0, 0.0]
+
+
+def test_the_readmes_reward_source_example_scores_a_stage(monkeypatch):
+    from nemocascade.stages import reward_sources
+
+    monkeypatch.setattr(reward_sources, "SOURCES", dict(reward_sources.SOURCES))  # the example's entry goes after
+    cfg = configs.load("cascade_math")
+    exec(_readme_example("a reward source"), {"c": cfg, "__name__": "readme_example"})
+    cascade.validate(cfg)
+    scorer = reward_sources.build(None, cfg.stages.grpo)
+    lengths = np.array([[3, 1, 1, 4], [2, 2, 2, 2]])
+    rewards = scorer([{}, {}], ["t"] * 8, lengths)
+    np.testing.assert_array_equal(rewards, [[0, 1, 1, 0], [1, 1, 1, 1]])  # by hand: the shortest per group
+    assert scorer.take_metrics() == {"shortest_calls": 1}
+    cfg.stages.grpo.reward_source = "shortst"
+    with pytest.raises(Exception, match="reward_source='shortst': no such source"):
+        cascade.validate(cfg)

@@ -315,7 +315,7 @@ def test_rollout_source_samples_in_chunks_as_the_sampler_does_alone():
         np.testing.assert_array_equal(tokens[2 * c:2 * c + 2, :, -5:], np.asarray(s.tokens).reshape(2, 3, 5))
         assert groups["first"][2 * c:2 * c + 2].tolist() == (128 - np.asarray(lens)).tolist()
         np.testing.assert_array_equal(groups["rewards"][2 * c:2 * c + 2], np.asarray(s.lengths).reshape(2, 3) % 3)
-    assert set(stats) >= {"generate_s", "score_s", "score_overlap_s", "verifier_timeouts"}
+    assert set(stats) >= {"generate_s", "score_s", "score_overlap_s"}
     assert 0 < stats["score_overlap_s"] <= stats["score_s"]
 
 

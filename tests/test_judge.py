@@ -207,13 +207,19 @@ def test_stage_check_names_bad_judge_settings():
         stage = common.stage_config("grpo", grpo.DEFAULTS, domains=["pref"], steps=2, **kw)
         return "\n".join(onpolicy.check(stage, {"sft": common.stage_config("sft", {}, domains=["pref"])}))
 
-    assert "judge" not in problems(judge="stage:sft", reward_mode="pairwise")
-    assert "choose one" in problems(judge="stage:sft", reward_mode="pairwise", reward_model="sft")
-    assert "reward_mode must be 'pairwise'" in problems(judge="stage:sft")
-    assert "no earlier stage 'rm'" in problems(judge="stage:rm", reward_mode="pairwise")
-    assert "choose 'stage:NAME'" in problems(judge="sft", reward_mode="pairwise")
-    assert "judge_mode='vote'" in problems(judge="gguf", reward_mode="pairwise", judge_mode="vote")
-    assert "needs a judge" in problems(reward_mode="reference")
+    judge = dict(reward_source="judge", reward_mode="pairwise")
+    assert "judge" not in problems(judge="stage:sft", **judge)
+    assert "reward_model='sft': read only by reward_source='reward_model'" in problems(
+        judge="stage:sft", reward_model="sft", **judge)
+    assert "judge='stage:sft': read only by reward_source='judge', not by the stage's 'verifier'" in problems(
+        judge="stage:sft")
+    assert "reward_mode must be 'pairwise'" in problems(judge="stage:sft", reward_source="judge")
+    assert "no earlier stage 'rm'" in problems(judge="stage:rm", **judge)
+    assert "choose 'stage:NAME'" in problems(judge="sft", **judge)
+    assert "judge_mode='vote'" in problems(judge="gguf", judge_mode="vote", **judge)
+    assert "reward_mode='reference': read by reward_source" in problems(reward_mode="reference")
+    assert "reward_source='judg': no such source; registered: ['judge', 'reward_model', 'verifier']" in problems(
+        reward_source="judg")
 
 
 def test_genrm_tiny_rlhf_is_rewarded_by_the_sft_checkpoint_judging_both_orders(tmp_path, run_cli):

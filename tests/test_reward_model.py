@@ -135,6 +135,27 @@ def test_pairwise_rewards_quality_gated_conciseness_bonus():
                                [0.551, 0.5505, 0.40], atol=1e-12)
 
 
+def test_reward_model_source_scores_groups_scalar_and_pairwise():
+    """The RLHF reward source over a stub RM scoring each group of 2 (0, ln 3): "scalar" hands the scores on, per
+    group; "pairwise" is C2's aggregation (pinned above) of their BT preferences (test_bt_preferences), per group."""
+    from nemocascade.stages import common, grpo, reward_sources
+
+    class StubRM:
+        def score(self, prompts, texts):
+            return np.tile([0.0, math.log(3.0)], len(prompts) // 2)
+
+    for mode in ("scalar", "pairwise"):
+        stage = common.stage_config("grpo", grpo.DEFAULTS, domains=["pref"], reward_source="reward_model",
+                                    reward_model="rm", reward_mode=mode, group_size=2)
+        scorer = object.__new__(reward_sources.RewardModelScorer)
+        scorer.stage, scorer.rm = stage, StubRM()
+        got = scorer([{"prompt": "a"}, {"prompt": "b"}], ["x"] * 4, np.array([[5, 5], [5, 5]]))
+        want = ([0.0, math.log(3.0)] if mode == "scalar" else
+                rm_scorer.pairwise_rewards(rm_scorer.bt_preferences([0.0, math.log(3.0)])))
+        np.testing.assert_allclose(got, [want, want], atol=1e-12)
+    assert scorer.take_metrics() == {}
+
+
 def test_bt_preferences():
     p = rm_scorer.bt_preferences([0.0, math.log(3.0)])
     np.testing.assert_allclose(p, [[0.5, 0.25], [0.75, 0.5]], atol=1e-12)

@@ -39,8 +39,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         checkpoint_every=100, eval_every=200, eval_n=64,
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=40, weight_decay=0.01, min_lr_frac=0.05))
     c.stages.rlhf = grpo_stage(["pref"], 20, prompts_per_step=8, group_size=8, eval_every=10, dynamic_filter=False,
-                               judge="stage:sft", reward_mode="pairwise", conciseness_bonus=0.1,
-                               judge_max_len=352, judge_batch_size=112, length_curriculum=((0, 64),))
+                               reward_source="judge", judge="stage:sft", reward_mode="pairwise",
+                               conciseness_bonus=0.1, judge_max_len=352, judge_batch_size=112,
+                               length_curriculum=((0, 64),))
     c.stage_order = ("sft", "rlhf")
     if "judge_branch" in tags:  # [ours] a judge trained further: 300 more steps on judge_pref alone, a side branch
         c.stages.judge_sft = common.stage_config(

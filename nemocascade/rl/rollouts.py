@@ -1,17 +1,17 @@
 """On-policy rollouts shared by the RL stage kinds (GRPO, MOPD): draw prompts, sample G completions each
 from the current params with the jitted sampler, score them with each prompt's domain reward, and gather the
 kept groups into the training batch. Tokens, masks and log-probs stay on the device from the sampler to the
-update: only the response tokens go to the host to be decoded for the verifiers, and only rewards come back.
+update: only the response tokens go to the host to be decoded for the stage's scorer (stages/reward_sources.py),
+and only rewards come back.
 
-    source = RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter=None, rewards=None)
+    source = RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter=None, scorer=reward_sources.build(...))
     rollouts, stats = source.sample(params, source.prompts(B), max_new_tokens, rng)
     batch = training_batch([rollouts.rows, ...], kept_groups, target, G, mesh)   # one jitted gather
 
 `rollouts.rows` (`Rows`, device arrays, P x G rows, a group's G rows adjacent): tokens / valid / positions [N, L]
 (prompt + response), mask / sampler_logp [N, L-1] aligned with next-token targets. `rollouts.groups` (host numpy,
 leading dim P): rewards, truncated, lengths [P, G], domain_idx [P] (index into `ctx.cfg.data.domains`) and the
-columns each group uses, first and end [P]. `stats` holds timings (generate_s, score_s) and the verifier calls
-that timed out, raised or crashed (verifier_timeouts / _errors / _crashes, each scored 0).
+columns each group uses, first and end [P]. `stats` holds timings (generate_s, score_s, score_overlap_s).
 """
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ import numpy as np
 from nemocascade import envs, evaluation, sampling
 from nemocascade.data import pipeline
 from nemocascade.mesh import batch_sharding, shard_batch, to_host
-from nemocascade.rewards.pool import OUTCOMES
 from nemocascade.rl import episodes, filters
 
 
@@ -50,13 +49,13 @@ class RolloutSource:
     `rewards`: domain -> reward function for this stage (default: each domain's registered reward).
     Its state (`state_dict`) goes into the stage checkpoint, so a resumed stage draws the same prompts."""
 
-    def __init__(self, ctx, stage, data_iter, epoch_len: int, epoch_filter=None, rewards=None, scorer=None,
+    def __init__(self, ctx, stage, data_iter, epoch_len: int, epoch_filter=None, scorer=None,
                  group_size: int | None = None):
-        """`group_size`: rollouts per prompt, when not the stage's (C2's prefilter samples each problem more often)."""
+        """`scorer`: (records, texts, lengths [P, G]) -> rewards [P, G] (stages/reward_sources.py). `group_size`:
+        rollouts per prompt, when not the stage's (C2's prefilter samples each problem more often)."""
         self.ctx, self.stage, self.data_iter, self.epoch_len = ctx, stage, data_iter, epoch_len
         self.G = stage.group_size if group_size is None else group_size
-        self.epoch_filter, self.rewards = epoch_filter, rewards
-        self.scorer = scorer  # (records, texts, lengths [P, G]) -> rewards [P, G]: a reward model instead of verifiers
+        self.epoch_filter, self.scorer = epoch_filter, scorer
         self.drawn = 0
         self._pending: list[dict] = []
 
@@ -118,12 +117,14 @@ class RolloutSource:
 
         def score_chunk(c, host):
             lengths, truncated, *response = host
-            rewards, verifier = self._score(records[c * k:(c + 1) * k], response, lengths, score)
-            return (rewards, lengths.reshape(-1, G), truncated.reshape(-1, G)), verifier
+            part, lengths = records[c * k:(c + 1) * k], lengths.reshape(-1, G)
+            if not score:
+                return np.full((len(part), G), np.nan, np.float32), lengths, truncated.reshape(-1, G)
+            texts = evaluation.decode_responses(ctx.tokenizer, *response, ctx.cfg.thinking)
+            return np.asarray(self.scorer(part, texts, lengths), np.float32), lengths, truncated.reshape(-1, G)
 
         parts, timing = pipelined(n, generate, score_chunk)
-        rewards, lengths, truncated = (np.concatenate(x) for x in zip(*(p for p, _ in parts)))
-        verifier = {key: sum(v[key] for _, v in parts) for key in parts[0][1]}
+        rewards, lengths, truncated = (np.concatenate(x) for x in zip(*parts))
         if self.epoch_filter and score:
             self.epoch_filter.update([r["id"] for r in records], rewards)
         domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
@@ -131,7 +132,7 @@ class RolloutSource:
                   "domain_idx": np.asarray([domain_index[r["domain"]] for r in records], np.int32),
                   "first": max_prompt - np.concatenate(prompt_lens), "end": max_prompt + lengths.max(1)}
         rows = rows[0] if n == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *rows)
-        return Rollouts(rows, groups), {**timing, **verifier}
+        return Rollouts(rows, groups), timing
 
     def _episodes(self, params, records, max_new: int, rng):
         """Multi-turn rollouts (rl/episodes.py): G episodes per record in its domain's environment, rewarded by
@@ -154,20 +155,7 @@ class RolloutSource:
         rows = Rows(*shard_batch(ctx.mesh, [g[k].reshape(-1, *g[k].shape[2:]) for k in Rows._fields]))
         wall = time.perf_counter() - t
         stats = {"generate_s": wall - traj.env_s, "score_s": traj.env_s, "score_overlap_s": 0.0}
-        return Rollouts(rows, groups), stats | {f"verifier_{k}": 0 for k in OUTCOMES} | episodes.episode_metrics(traj)
-
-    def _score(self, records, response, lengths, score: bool):
-        """(rewards [P, G], verifier counts) of the host `response` (tokens, mask [P*G, N]) for `records`."""
-        ctx, G, P = self.ctx, self.G, len(records)
-        verifier = {f"verifier_{k}": 0 for k in OUTCOMES}  # a reward model (scorer) is no verifier: 0
-        if not score:
-            return np.full((P, G), np.nan, np.float32), verifier
-        texts = evaluation.decode_responses(ctx.tokenizer, *response, ctx.cfg.thinking)
-        if self.scorer is not None:
-            return np.asarray(self.scorer(records, texts, lengths.reshape(P, G)), np.float32), verifier
-        scores, verifier = evaluation.score_texts(ctx.pool, texts, [r for r in records for _ in range(G)],
-                                                  self.rewards)
-        return np.asarray(scores, np.float32).reshape(P, G), verifier
+        return Rollouts(rows, groups), stats | episodes.episode_metrics(traj)
 
 
 def episode_settings(stage, max_new: int, ctx, greedy: bool = False) -> episodes.Settings:

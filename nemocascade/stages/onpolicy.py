@@ -2,16 +2,20 @@
 
 Each step, strictly on-policy (METHOD.md "GRPO as used in every RL stage", "MOPD"):
   1. sample B prompts x G rollouts from the *current* params (jitted sampler, KV cache);
-  2. score: the verifier or reward model of each prompt's domain, when a term trains on rewards (or for
-     monitoring, `log_reward`); group filters (overlong, max-reward mask, dynamic filter with bounded refill);
-  3. advantages A_i = (r_i - mean_g r) / (std_g r + eps) per group (when a term reads them);
+  2. score: the stage's reward source (stages/reward_sources.py: each domain's verifier, a reward model, a judge),
+     when a term trains on rewards (or for monitoring, `log_reward`); group filters (max-reward mask, dynamic
+     filter with bounded refill);
+  3. the kept groups' rows gathered on the device (rl/rollouts.py: training_batch);
   4. the frozen roles the objective reads: the reference (= the params the stage started from, no copy) and
      each prompt's teacher (`teachers`: domain -> checkpoint, default `best:<domain>`);
-  5. exactly one optimiser update on `objective` (rl/update.py: policy_update).
+  5. exactly one optimiser update on `objective` (rl/update.py: policy_update, which computes the group
+     advantages A_i = (r_i - mean_g r) / (std_g r + eps) from the rewards, after the overlong filter or penalty,
+     when a term reads them).
 
 What differs between kinds is only configuration: GRPO `objective=dict(pg=1, kl=...)` with `rewards` (RLHF:
-`reward_model=` an earlier `rm` stage); MOPD `objective=dict(mopd=1)`, `aggregation="seq_mean_token_mean"`,
-no reward, a learning rate warming up from 0.1x. Any mixture of terms is one config away.
+`reward_source="reward_model"`, `reward_model=` an earlier `rm` stage); MOPD `objective=dict(mopd=1)`,
+`aggregation="seq_mean_token_mean"`, no reward, a learning rate warming up from 0.1x. Any mixture of terms is
+one config away.
 
 Left out on purpose: PPO epochs / clipping (one update per batch: the ratio is always 1), value functions,
 asynchronous rollouts.
@@ -25,18 +29,14 @@ import time
 from collections import defaultdict
 
 import jax
-import ml_collections
 import numpy as np
 
 from nemocascade import checkpoint, envs, files, losses, objectives, optim
-from nemocascade.models import pretrained
-from nemocascade.rewards import judge as judge_lib
-from nemocascade.rewards import rm_scorer as rm_rewards
 from nemocascade.rl import filters
 from nemocascade.rl import rollouts as rollouts_lib
 from nemocascade.rl import update
 from nemocascade.run_log import progress
-from nemocascade.stages import common
+from nemocascade.stages import common, reward_sources
 
 DEFAULTS = dict(
     max_prompt_len=0,  # 0: config.eval.max_prompt_len; long-context stages raise it
@@ -60,12 +60,14 @@ DEFAULTS = dict(
     adv_eps=1e-6,
     dynamic_filter=False, refill_rounds=3, overlong="none", mask_if_max_reward_below=-1.0,
     epoch_filter=False, readmit_hard=0.1, readmit_easy=0.01,
-    # RLHF (METHOD.md "Rewards per domain"): score rollouts with the BT reward model an earlier `rm` stage
-    # trained, on the text after </think>; "scalar" = its score, "pairwise" = Cascade 2's aggregation (mean
-    # Pr(i beats j) over the group, ties broken by ranking, optional quality-gated conciseness bonus)
+    # what scores rollouts (stages/reward_sources.py): "verifier" (each domain's), "reward_model" or "judge"
+    reward_source="verifier",
+    # RLHF (METHOD.md "Rewards per domain"): the BT reward model an earlier `rm` stage trained, on the text after
+    # </think>; "scalar" = its score, "pairwise" = Cascade 2's aggregation (mean Pr(i beats j) over the group,
+    # ties broken by ranking, optional quality-gated conciseness bonus)
     reward_model="", reward_mode="scalar", conciseness_bonus=0.0, quality_gate=0.5, rm_max_len=160,
-    # a generative judge instead (rewards/judge.py), a frozen causal LM on the policy's mesh: "stage:NAME" /
-    # "best:DOMAIN" (a checkpoint of this run), "gguf" (SmolLM2-135M-Instruct), "gguf:PATH", "hf:PATH".
+    # reward_source="judge": a generative judge (rewards/judge.py), a frozen causal LM on the policy's mesh:
+    # "stage:NAME" / "best:DOMAIN" (a checkpoint of this run), "gguf" (SmolLM2-135M-Instruct), "gguf:PATH", "hf:PATH".
     # reward_mode "pairwise": C2's GenRM (every pair of a group judged in both orders, then the aggregation
     # above); "reference": Pr(the response gives the record's answer), C2's long-context judge
     judge="", judge_mode="logprob", judge_max_len=384, judge_max_new_tokens=64, judge_batch_size=64,
@@ -82,8 +84,6 @@ DEFAULTS = dict(
     # `prefilter_drop_unsolved` share of those never solved; the stage draws from the rest (0: off)
     prefilter_prompts=0, prefilter_samples=16, prefilter_drop_unsolved=0.9,
 )
-REWARD_MODES = ("scalar", "pairwise", "reference")
-JUDGE_SOURCES = ("stage:", "best:", "gguf", "hf:")
 
 
 def check(stage, earlier: dict) -> list[str]:
@@ -110,16 +110,11 @@ def check(stage, earlier: dict) -> list[str]:
     bad += [f"distill_topk={stage.distill_topk} must be >= 0"] if stage.distill_topk < 0 else []
     bad += [f"overlong={stage.overlong!r}; choose one of {filters.OVERLONG_MODES}"] if (
         stage.overlong not in filters.OVERLONG_MODES) else []
-    bad += [f"reward_mode={stage.reward_mode!r}; choose one of {REWARD_MODES}"] if (
-        stage.reward_mode not in REWARD_MODES) else []
     if not trains_on_rewards:  # the reward filters act on groups the loss never reads
         bad += [f"{k}: filters groups by reward, but no objective term trains on rewards" for k, off in (
             ("dynamic_filter", False), ("epoch_filter", False), ("mask_if_max_reward_below", -1.0)) if stage[k] != off]
-    bad += common.sampling_problems(stage)
-    src = stage.reward_model
-    bad += [f"reward_model={src!r}: must name an earlier stage of kind 'rm' (earlier: {list(earlier)})"] if (
-        src and (src not in earlier or earlier[src].kind != "rm")) else []
-    return bad + judge_problems(stage, earlier) + episode_problems(stage) + prefilter_problems(stage)
+    bad += common.sampling_problems(stage) + reward_sources.problems(stage, earlier)
+    return bad + episode_problems(stage) + prefilter_problems(stage)
 
 
 def episode_problems(stage) -> list[str]:
@@ -133,8 +128,8 @@ def episode_problems(stage) -> list[str]:
             if e not in envs.ENVS]
     bad += [f"envs names domain {d!r}, not one of the stage's domains {list(stage.domains)}" for d in stage.envs
             if d not in stage.domains]
-    bad += [f"max_turns={stage.max_turns}: the environment rewards episodes; {k}={stage[k]!r} cannot" for k in (
-        "judge", "reward_model") if stage[k]]
+    bad += [f"max_turns={stage.max_turns}: the environment rewards episodes; reward_source={stage.reward_source!r} "
+            "cannot"] if stage.reward_source != "verifier" else []
     bad += [f"max_total_tokens={stage.max_total_tokens} must be 0 or >= max_new_tokens={stage.max_new_tokens}"] if (
         0 < stage.max_total_tokens < stage.max_new_tokens) else []
     bad += [f"max_obs_tokens={stage.max_obs_tokens} must be >= 16"] if stage.max_obs_tokens < 16 else []
@@ -148,26 +143,8 @@ def prefilter_problems(stage) -> list[str]:
     bad += [f"prefilter_samples={stage.prefilter_samples} must be >= 1"] if stage.prefilter_samples < 1 else []
     bad += [f"prefilter_drop_unsolved={stage.prefilter_drop_unsolved} must lie in [0, 1]"] if not (
         0 <= stage.prefilter_drop_unsolved <= 1) else []
-    bad += [f"prefilter_prompts: the filter counts verifier / environment solves; {k}={stage[k]!r} scores instead"
-            for k in ("judge", "reward_model") if stage[k]]
-    return bad
-
-
-def judge_problems(stage, earlier: dict) -> list[str]:
-    j = stage.judge
-    if not j:
-        return ["reward_mode='reference': needs a judge (judge=...)"] if stage.reward_mode == "reference" else []
-    bad = [f"judge={j!r} and reward_model={stage.reward_model!r}: choose one"] if stage.reward_model else []
-    bad += [f"judge={j!r}: reward_mode must be 'pairwise' (GenRM) or 'reference' (answer judge), not 'scalar'"] if (
-        stage.reward_mode == "scalar") else []
-    bad += [f"judge={j!r}: choose 'stage:NAME', 'best:DOMAIN', 'gguf', 'gguf:PATH' or 'hf:PATH'"] if not (
-        j.startswith(JUDGE_SOURCES) and j not in ("stage:", "best:", "hf:")) else []
-    bad += [f"judge={j!r}: no earlier stage {j[6:]!r} (earlier: {list(earlier)})"] if (
-        j.startswith("stage:") and j[6:] not in earlier) else []
-    bad += [f"judge_mode={stage.judge_mode!r}; choose one of {judge_lib.MODES}"] if (
-        stage.judge_mode not in judge_lib.MODES) else []
-    bad += [f"{k}={stage[k]} must be >= 1" for k in ("judge_batch_size", "judge_max_new_tokens") if stage[k] < 1]
-    bad += [f"judge_max_len={stage.judge_max_len} must be >= 64"] if stage.judge_max_len < 64 else []
+    bad += [f"prefilter_prompts: the filter counts verifier / environment solves; reward_source="
+            f"{stage.reward_source!r} scores instead"] if stage.reward_source != "verifier" else []
     return bad
 
 
@@ -215,8 +192,8 @@ def run(ctx: common.RunContext, name: str, stage, params):
     data_iter, epoch_len = common.prompt_stream(ctx, name, stage, kept)
     epoch_filter = (filters.EpochFilter(stage.readmit_hard, stage.readmit_easy, ctx.cfg.seed)
                     if stage.epoch_filter else None)
-    rollouts = rollouts_lib.RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter, common.stage_rewards(stage),
-                                          scorer=reward_scorer(ctx, stage))
+    rollouts = rollouts_lib.RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter,
+                                          scorer=reward_sources.build(ctx, stage))
     run_domains = list(ctx.cfg.data.domains)
     step_fn = functools.partial(update.policy_update, model_cfg=ctx.model_cfg, tx=tx, objective=objective,
                                 micro_batches=stage.micro_batches, split_terms=split, overlong=stage.overlong,
@@ -241,7 +218,7 @@ def run(ctx: common.RunContext, name: str, stage, params):
                 "response_len": float(first["lengths"].mean()), "truncation_rate": float(first["truncated"].mean())})
             metrics |= {"lr": float(schedule(step)), "max_new_tokens": max_new, "kept_groups": fstats["kept"],
                         "refill_rounds": fstats["rounds"]}
-            metrics |= rollouts.scorer.take_metrics() if hasattr(rollouts.scorer, "take_metrics") else {}
+            metrics |= rollouts.scorer.take_metrics()
             if stage.eval_every and (step + 1) % stage.eval_every == 0:
                 metrics |= common.quick_eval(ctx, trainer.params, stage)
             trainer.log(step, metrics)
@@ -260,7 +237,8 @@ def solve_rate_prefilter(ctx, name: str, stage, params) -> list[dict]:
         ids = set(json.loads(files.read_text(path))["kept_ids"])
         return [r for r in examined if r["id"] in ids]
     K, B = stage.prefilter_samples, stage.prompts_per_step
-    source = rollouts_lib.RolloutSource(ctx, stage, iter(()), 1, rewards=common.stage_rewards(stage), group_size=K)
+    scorer = reward_sources.build(ctx, stage)
+    source = rollouts_lib.RolloutSource(ctx, stage, iter(()), 1, scorer=scorer, group_size=K)
     solved = []
     rng = jax.random.key(ctx.cfg.seed + 7919)
     for start in progress(range(0, len(examined), B), desc=f"[{name}] prefilter x{K}"):
@@ -301,8 +279,8 @@ def sample_groups(rollouts, params, stage, max_new: int, rng, score: bool):
     while not buf.ready():
         sampled, t = rollouts.sample(params, rollouts.prompts(B), max_new, jax.random.fold_in(rng, len(rows)),
                                      score=score)
-        for k, v in t.items():  # seconds and verifier counts add up over rounds; the agent's means: first round's
-            if k.endswith("_s") or k.startswith("verifier_") or rows == []:
+        for k, v in t.items():  # seconds add up over rounds; the agent's means: the first round's
+            if k.endswith("_s") or rows == []:
                 timing[k] += v
         groups = sampled.groups | {"group_id": B * len(rows) + np.arange(B)}
         rows.append(sampled.rows)
@@ -315,80 +293,3 @@ def sample_groups(rollouts, params, stage, max_new: int, rng, score: bool):
         buf.add(groups, keep)
     kept, fstats = buf.take()
     return rows, kept, first, fstats, timing
-
-
-def reward_scorer(ctx, stage):
-    """What scores rollouts instead of the verifiers: a reward model, a judge, or nothing (None)."""
-    return rm_scorer(ctx, stage) if stage.reward_model else JudgeScorer(ctx, stage) if stage.judge else None
-
-
-def load_judge(ctx, stage):
-    """The stage's judge (rewards/judge.py) on the run's mesh: a checkpoint of this run, or a GGUF / HF model."""
-    spec = stage.judge
-    if spec.startswith(("stage:", "best:")):
-        params = checkpoint.load_params(ctx.checkpoints.path(spec), ctx.abstract_params)
-        model_cfg, tokenizer, thinking = ctx.model_cfg, ctx.tokenizer, ctx.cfg.thinking
-    else:
-        kind, _, path = spec.partition(":")
-        model_cfg, params, tokenizer = pretrained.load(ml_collections.ConfigDict(dict(kind=kind, path=path,
-                                                                                      num_layers=0)), ctx.mesh)
-        thinking = False  # an imported instruct model answers in plain ChatML
-    return judge_lib.Judge(params, model_cfg, tokenizer, mode=stage.judge_mode, batch_size=stage.judge_batch_size,
-                           max_len=stage.judge_max_len, max_new_tokens=stage.judge_max_new_tokens,
-                           temperature=stage.judge_temperature, seed=ctx.cfg.seed, thinking=thinking, mesh=ctx.mesh)
-
-
-class JudgeScorer:
-    """Rewards [n_prompts, G] from the stage's judge: C2's GenRM (`reward_mode="pairwise"`: every pair of a group
-    in both orders, then `rm_scorer.pairwise_rewards`) or the reference-answer judge (`"reference"`). Its
-    `take_metrics` adds judge_s (seconds judging this step), judge_rows, judge_unparsable and, for GenRM,
-    judge_position_bias and judge_inconsistent (rewards/judge.py)."""
-
-    def __init__(self, ctx, stage):
-        self.stage, self.judge = stage, load_judge(ctx, stage)
-        self._extra: dict[str, list[float]] = defaultdict(list)
-
-    def __call__(self, records, texts, lengths):
-        stage, G = self.stage, self.stage.group_size
-        finals = [rm_rewards.final_text(t) for t in texts]  # the judge never reads the think block
-        if stage.reward_mode == "reference":
-            r = judge_lib.reference_rewards(self.judge, [r["prompt"] for r in records for _ in range(G)],
-                                            [str(r["answer"]) for r in records for _ in range(G)], finals)
-            return r.reshape(len(records), G)
-        groups = [finals[k * G:(k + 1) * G] for k in range(len(records))]
-        prefs, stats = judge_lib.pairwise_preferences_batch(self.judge, [r["prompt"] for r in records], groups)
-        if stats["pairs"]:
-            self._extra["judge_position_bias"].append(stats["position_bias"])
-            self._extra["judge_inconsistent"].append(stats["inconsistent"])
-        return group_rewards(prefs, lengths, stage)
-
-    def take_metrics(self) -> dict:
-        s = self.judge.take_stats()
-        out = {"judge_s": s["seconds"], "judge_rows": s["rows"], "judge_unparsable": s["unparsable"]}
-        out |= {k: float(np.mean(v)) for k, v in self._extra.items()}
-        self._extra.clear()
-        return out
-
-
-def group_rewards(prefs, lengths, stage) -> np.ndarray:
-    """[n_prompts, G] Cascade 2 rewards of each group's [G, G] Pr(i beats j) (`rm_scorer.pairwise_rewards`, the
-    stage's conciseness bonus and quality gate): one aggregation for the BT RM and the generative judge."""
-    return np.stack([rm_rewards.pairwise_rewards(p, lens, stage.conciseness_bonus, stage.quality_gate)
-                     for p, lens in zip(prefs, lengths)])
-
-
-def rm_scorer(ctx, stage):
-    """Rewards [n_prompts, G] from the reward model of stage `stage.reward_model` (saved by `stages/rm.py`)."""
-    from nemocascade.stages import rm as rm_stage
-
-    scorer = rm_rewards.RewardModelScorer.load(
-        rm_stage.rm_path(ctx.workdir, stage.reward_model), ctx.model_cfg, ctx.tokenizer, mesh=ctx.mesh,
-        batch_size=stage.prompts_per_step * stage.group_size, max_len=stage.rm_max_len)
-
-    def score(records, texts, lengths):
-        G = stage.group_size
-        s = scorer.score([r["prompt"] for r in records for _ in range(G)], texts).reshape(len(records), G)
-        if stage.reward_mode == "scalar":
-            return s
-        return group_rewards([rm_rewards.bt_preferences(row) for row in s], lengths, stage)
-    return score

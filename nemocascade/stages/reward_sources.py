@@ -1,0 +1,210 @@
+"""Where an on-policy stage's rewards come from: a registry of reward sources, chosen by the stage key
+`reward_source` (METHOD.md "Rewards per domain").
+
+A source builds, once per stage, a scorer of the protocol
+
+    rewards = scorer(records, texts, lengths)     # P records, P x G response texts (after the think block is
+                                                  # the scorer's to cut), lengths [P, G] -> rewards [P, G]
+    scorer.take_metrics() -> {name: value}        # what it measured since the last call, for metrics.jsonl
+
+Built in: "verifier" (each domain's verifier, or the stage's `rewards` override, in the sandboxed pool: counts of
+calls that timed out, raised or crashed), "reward_model" (the Bradley-Terry model an earlier `rm` stage trained,
+named by `reward_model`), "judge" (a generative judge named by `judge`: C2's pairwise GenRM or the reference-answer
+judge). A source's own keys (`reward_model`, `judge`) are read by it alone: set while another source is chosen,
+they are an error. An experiment adds a source with `register` and selects it with `reward_source=NAME`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from typing import Callable
+
+import ml_collections
+import numpy as np
+
+from nemocascade import checkpoint, evaluation
+from nemocascade.models import pretrained
+from nemocascade.rewards import judge as judge_lib
+from nemocascade.rewards import rm_scorer
+from nemocascade.rewards.pool import OUTCOMES
+from nemocascade.stages import common
+
+REWARD_MODES = ("scalar", "pairwise", "reference")
+JUDGE_SOURCES = ("stage:", "best:", "gguf", "hf:")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardSource:
+    name: str
+    build: Callable  # (ctx, stage) -> scorer (module docstring)
+    check: Callable  # (stage, earlier: {name: stage config}) -> ["key: problem", ...]
+    keys: dict  # stage key -> its value when unused: keys only this source reads
+
+
+SOURCES: dict[str, RewardSource] = {}
+
+
+def register(name: str, build: Callable, check: Callable | None = None, keys: dict | None = None) -> None:
+    """Add reward source `name` (a stage selects it with `reward_source=name`). Registering the same build function
+    again (a config file loaded twice) is fine; another one under a taken name is a ValueError."""
+    old = SOURCES.get(name)
+    if old is not None and (old.build.__module__, old.build.__qualname__) != (build.__module__, build.__qualname__):
+        raise ValueError(f"reward source {name!r} is already registered by {old.build.__module__}")
+    SOURCES[name] = RewardSource(name, build, check or (lambda stage, earlier: []), dict(keys or {}))
+
+
+def problems(stage, earlier: dict) -> list[str]:
+    """What is wrong with a stage's reward settings, as `key: problem` lines (empty: fine)."""
+    chosen = SOURCES.get(stage.reward_source)
+    if chosen is None:
+        return [f"reward_source={stage.reward_source!r}: no such source; registered: {sorted(SOURCES)}"]
+    bad = [f"{k}={stage[k]!r}: read only by reward_source={s.name!r}, not by the stage's {chosen.name!r}"
+           for s in SOURCES.values() if s is not chosen for k, unused in s.keys.items() if stage[k] != unused]
+    bad += [f"reward_mode={stage.reward_mode!r}; choose one of {REWARD_MODES}"] if (
+        stage.reward_mode not in REWARD_MODES) else []
+    return bad + chosen.check(stage, earlier)
+
+
+def build(ctx, stage):
+    return SOURCES[stage.reward_source].build(ctx, stage)
+
+
+# ---------------------------------------------------------------------------------------------- verifier
+
+
+class VerifierScorer:
+    """Each rollout scored by its domain's verifier (the stage's `rewards` override, else the domain's own) in the
+    run's sandboxed pool; `take_metrics` gives verifier_timeouts / _errors / _crashes (each such call scored 0)."""
+
+    def __init__(self, ctx, stage):
+        self.pool = ctx.pool
+        self.rewards = common.stage_rewards(stage)
+        self._counts = dict.fromkeys((f"verifier_{k}" for k in OUTCOMES), 0)
+
+    def __call__(self, records, texts, lengths):
+        G = np.shape(lengths)[1]
+        scores, counts = evaluation.score_texts(self.pool, texts, [r for r in records for _ in range(G)],
+                                                self.rewards)
+        for k, v in counts.items():
+            self._counts[k] += v
+        return np.asarray(scores, np.float32).reshape(len(records), G)
+
+    def take_metrics(self) -> dict:
+        out, self._counts = self._counts, dict.fromkeys(self._counts, 0)
+        return out
+
+
+def verifier_problems(stage, earlier: dict) -> list[str]:
+    return [f"reward_mode={stage.reward_mode!r}: read by reward_source 'reward_model' or 'judge'; the verifier "
+            "scores each rollout alone"] if stage.reward_mode != "scalar" else []
+
+
+register("verifier", VerifierScorer, verifier_problems)
+
+
+# ------------------------------------------------------------------------------ reward model and judge
+
+
+def group_rewards(prefs, lengths, stage) -> np.ndarray:
+    """[P, G] Cascade 2 rewards of each group's [G, G] Pr(i beats j) (`rm_scorer.pairwise_rewards`, the stage's
+    conciseness bonus and quality gate): one aggregation for the BT RM and the generative judge."""
+    return np.stack([rm_scorer.pairwise_rewards(p, lens, stage.conciseness_bonus, stage.quality_gate)
+                     for p, lens in zip(prefs, lengths)])
+
+
+class RewardModelScorer:
+    """Rewards from the BT reward model of stage `reward_model` (saved by `stages/rm.py`), on the text after
+    </think>: its score (`reward_mode="scalar"`) or C2's pairwise aggregation over the group ("pairwise")."""
+
+    def __init__(self, ctx, stage):
+        from nemocascade.stages import rm  # rm's module imports the stage machinery
+
+        self.stage = stage
+        self.rm = rm_scorer.RewardModelScorer.load(
+            rm.rm_path(ctx.workdir, stage.reward_model), ctx.model_cfg, ctx.tokenizer, mesh=ctx.mesh,
+            batch_size=stage.prompts_per_step * stage.group_size, max_len=stage.rm_max_len)
+
+    def __call__(self, records, texts, lengths):
+        G = np.shape(lengths)[1]
+        s = self.rm.score([r["prompt"] for r in records for _ in range(G)], texts).reshape(len(records), G)
+        if self.stage.reward_mode == "scalar":
+            return s
+        return group_rewards([rm_scorer.bt_preferences(row) for row in s], lengths, self.stage)
+
+    def take_metrics(self) -> dict:
+        return {}
+
+
+def reward_model_problems(stage, earlier: dict) -> list[str]:
+    src = stage.reward_model
+    if not src or src not in earlier or earlier[src].kind != "rm":
+        return [f"reward_model={src!r}: must name an earlier stage of kind 'rm' (earlier: {list(earlier)})"]
+    return ["reward_mode='reference' needs reward_source='judge'"] if stage.reward_mode == "reference" else []
+
+
+register("reward_model", RewardModelScorer, reward_model_problems, keys={"reward_model": ""})
+
+
+def load_judge(ctx, stage):
+    """The stage's judge (rewards/judge.py) on the run's mesh: a checkpoint of this run, or a GGUF / HF model."""
+    spec = stage.judge
+    if spec.startswith(("stage:", "best:")):
+        params = checkpoint.load_params(ctx.checkpoints.path(spec), ctx.abstract_params)
+        model_cfg, tokenizer, thinking = ctx.model_cfg, ctx.tokenizer, ctx.cfg.thinking
+    else:
+        kind, _, path = spec.partition(":")
+        model_cfg, params, tokenizer = pretrained.load(ml_collections.ConfigDict(dict(kind=kind, path=path,
+                                                                                      num_layers=0)), ctx.mesh)
+        thinking = False  # an imported instruct model answers in plain ChatML
+    return judge_lib.Judge(params, model_cfg, tokenizer, mode=stage.judge_mode, batch_size=stage.judge_batch_size,
+                           max_len=stage.judge_max_len, max_new_tokens=stage.judge_max_new_tokens,
+                           temperature=stage.judge_temperature, seed=ctx.cfg.seed, thinking=thinking, mesh=ctx.mesh)
+
+
+class JudgeScorer:
+    """Rewards from the stage's judge, which never reads the think block: C2's GenRM (`reward_mode="pairwise"`:
+    every pair of a group in both orders, then `group_rewards`) or the reference-answer judge ("reference").
+    `take_metrics`: judge_s (seconds judging), judge_rows, judge_unparsable and, for GenRM, judge_position_bias
+    and judge_inconsistent (rewards/judge.py)."""
+
+    def __init__(self, ctx, stage):
+        self.stage, self.judge = stage, load_judge(ctx, stage)
+        self._extra: dict[str, list[float]] = defaultdict(list)
+
+    def __call__(self, records, texts, lengths):
+        stage, G = self.stage, np.shape(lengths)[1]
+        finals = [rm_scorer.final_text(t) for t in texts]
+        if stage.reward_mode == "reference":
+            r = judge_lib.reference_rewards(self.judge, [r["prompt"] for r in records for _ in range(G)],
+                                            [str(r["answer"]) for r in records for _ in range(G)], finals)
+            return r.reshape(len(records), G)
+        groups = [finals[k * G:(k + 1) * G] for k in range(len(records))]
+        prefs, stats = judge_lib.pairwise_preferences_batch(self.judge, [r["prompt"] for r in records], groups)
+        if stats["pairs"]:
+            self._extra["judge_position_bias"].append(stats["position_bias"])
+            self._extra["judge_inconsistent"].append(stats["inconsistent"])
+        return group_rewards(prefs, lengths, stage)
+
+    def take_metrics(self) -> dict:
+        s = self.judge.take_stats()
+        out = {"judge_s": s["seconds"], "judge_rows": s["rows"], "judge_unparsable": s["unparsable"]}
+        out |= {k: float(np.mean(v)) for k, v in self._extra.items()}
+        self._extra.clear()
+        return out
+
+
+def judge_problems(stage, earlier: dict) -> list[str]:
+    j = stage.judge
+    bad = [f"judge={j!r}: reward_mode must be 'pairwise' (GenRM) or 'reference' (answer judge), not 'scalar'"] if (
+        stage.reward_mode == "scalar") else []
+    bad += [f"judge={j!r}: choose 'stage:NAME', 'best:DOMAIN', 'gguf', 'gguf:PATH' or 'hf:PATH'"] if not (
+        j.startswith(JUDGE_SOURCES) and j not in ("stage:", "best:", "hf:")) else []
+    bad += [f"judge={j!r}: no earlier stage {j[6:]!r} (earlier: {list(earlier)})"] if (
+        j.startswith("stage:") and j[6:] not in earlier) else []
+    bad += [f"judge_mode={stage.judge_mode!r}; choose one of {judge_lib.MODES}"] if (
+        stage.judge_mode not in judge_lib.MODES) else []
+    bad += [f"{k}={stage[k]} must be >= 1" for k in ("judge_batch_size", "judge_max_new_tokens") if stage[k] < 1]
+    return bad + ([f"judge_max_len={stage.judge_max_len} must be >= 64"] if stage.judge_max_len < 64 else [])
+
+
+register("judge", JudgeScorer, judge_problems, keys={"judge": ""})
