@@ -104,3 +104,10 @@ def strip_think(text: str, in_think: bool = False) -> str:
     thinking=True)`: their `<think>` lives in the prompt.
     """
     return split_think(text, in_think=in_think)[1]
+
+
+def decode_responses(tokenizer, tokens, mask, thinking: bool) -> list[str]:
+    """Response texts; in thinking mode the `<think>` that ended the prompt is put back in front, so
+    a verifier sees the whole assistant turn (an unfinished think block scores 0)."""
+    prefix = (THINK_OPEN + "\n") if thinking else ""
+    return [prefix + tokenizer.decode(t[m > 0].tolist()) for t, m in zip(tokens, mask)]

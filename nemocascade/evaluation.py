@@ -11,6 +11,7 @@ import numpy as np
 from nemocascade import chat, sampling, stats
 from nemocascade import mesh as mesh_lib
 from nemocascade.data import pipeline
+from nemocascade.rl import episodes
 from nemocascade.rewards import get_reward
 from nemocascade.rewards.pool import OUTCOMES
 from nemocascade.run_log import progress
@@ -38,16 +39,9 @@ def generate(params, model_cfg, tokenizer, records, *, batch_size, max_prompt_le
                               greedy=greedy, num_samples=num_samples, greedy_first=greedy_first)
         n = len(chunk) * num_samples
         tokens, mask, lens = mesh_lib.to_host((out.tokens, out.mask, out.lengths))
-        texts += decode_responses(tokenizer, tokens[:n], mask[:n], thinking)
+        texts += chat.decode_responses(tokenizer, tokens[:n], mask[:n], thinking)
         lengths += lens[:n].tolist()
     return texts, lengths
-
-
-def decode_responses(tokenizer, tokens, mask, thinking: bool) -> list[str]:
-    """Response texts; in thinking mode the `<think>` that ended the prompt is put back in front, so
-    a verifier sees the whole assistant turn (an unfinished think block scores 0)."""
-    prefix = (chat.THINK_OPEN + "\n") if thinking else ""
-    return [prefix + tokenizer.decode(t[m > 0].tolist()) for t, m in zip(tokens, mask)]
 
 
 def score_texts(pool, texts, records, rewards: dict | None = None) -> tuple[list[float], dict[str, int]]:
@@ -118,8 +112,6 @@ def evaluate_episodes(params, model_cfg, tokenizer, records, env_names, settings
     With `avg_k` > 0 also avg@k as `evaluate` gives it ("avg@k", "k", "avg@k_ci95", "avg@k_scores"): `avg_k`
     episodes per record sampled at `temperature` / `top_p` (the policy RL optimises, which greedy decoding hides),
     each record's mean reward, the interval over records."""
-    from nemocascade.rl import episodes
-
     def batches(per_batch, run_settings, G, key_offset, label):
         """(records in the batch, its trajectories: G episodes each) per batch of `per_batch` records."""
         starts = range(0, len(records), per_batch)

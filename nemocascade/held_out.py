@@ -11,6 +11,7 @@ import jax
 
 from nemocascade import envs, evaluation, files, hosts, stats
 from nemocascade.errors import BadInput
+from nemocascade.rl import episodes
 from nemocascade.stages import common
 
 # config.eval.avg_k_domains: which domains an RL stage's avg@k covers. "trained": its own (cheaper); "all": every
@@ -120,8 +121,6 @@ def agent_evals(cfg) -> list[tuple]:
 
 def agent_settings(ctx, agent):
     """Greedy episodes with an agent evaluation's budgets (`agent_evals`); unset keys from `config.eval`."""
-    from nemocascade.rl import episodes
-
     e = ctx.cfg.eval
     turns, per_turn = agent.get("max_turns", 1), agent.get("max_new_tokens", e.max_new_tokens)
     return episodes.Settings(max_turns=turns, max_new_tokens=per_turn,

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nemocascade import envs, evaluation, sampling
+from nemocascade import chat, envs, sampling
 from nemocascade.data import pipeline
 from nemocascade.mesh import batch_sharding, shard_batch, to_host
 from nemocascade.rl import episodes, filters
@@ -120,7 +120,7 @@ class RolloutSource:
             part, lengths = records[c * k:(c + 1) * k], lengths.reshape(-1, G)
             if not score:
                 return np.full((len(part), G), np.nan, np.float32), lengths, truncated.reshape(-1, G)
-            texts = evaluation.decode_responses(ctx.tokenizer, *response, ctx.cfg.thinking)
+            texts = chat.decode_responses(ctx.tokenizer, *response, ctx.cfg.thinking)
             return np.asarray(self.scorer(part, texts, lengths), np.float32), lengths, truncated.reshape(-1, G)
 
         parts, timing = pipelined(n, generate, score_chunk)

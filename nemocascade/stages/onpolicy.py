@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from nemocascade import checkpoint, envs, files, losses, objectives, optim
+from nemocascade.data import domains as domains_lib
 from nemocascade.rl import filters
 from nemocascade.rl import rollouts as rollouts_lib
 from nemocascade.rl import update
@@ -229,8 +230,6 @@ def solve_rate_prefilter(ctx, name: str, stage, params) -> list[dict]:
     """The train problems the stage keeps after C2's filter (DEFAULTS: prefilter_*), sampled at the stage's own
     settings (multi-turn too) from `params`. Decided once: the kept ids and the solve counts go to
     `<workdir>/prefilter/<stage>.json`, which a resumed stage reads instead of sampling again."""
-    from nemocascade.data import domains as domains_lib
-
     examined = domains_lib.first_distinct(common.mixture_source(ctx, stage.domains, "train"), stage.prefilter_prompts)
     path = os.path.join(ctx.workdir, "prefilter", f"{name}.json")
     if files.exists(path):

@@ -27,7 +27,7 @@ from nemocascade.models import pretrained
 from nemocascade.rewards import judge as judge_lib
 from nemocascade.rewards import rm_scorer
 from nemocascade.rewards.pool import OUTCOMES
-from nemocascade.stages import common
+from nemocascade.stages import common, rm
 
 REWARD_MODES = ("scalar", "pairwise", "reference")
 JUDGE_SOURCES = ("stage:", "best:", "gguf", "hf:")
@@ -117,8 +117,6 @@ class RewardModelScorer:
     </think>: its score (`reward_mode="scalar"`) or C2's pairwise aggregation over the group ("pairwise")."""
 
     def __init__(self, ctx, stage):
-        from nemocascade.stages import rm  # rm's module imports the stage machinery
-
         self.stage = stage
         self.rm = rm_scorer.RewardModelScorer.load(
             rm.rm_path(ctx.workdir, stage.reward_model), ctx.model_cfg, ctx.tokenizer, mesh=ctx.mesh,
