@@ -242,7 +242,9 @@ def test_a_flood_is_cut_and_killed_within_a_second(flood, isolation):
     r = sandbox.run_python(FLOODS[flood], timeout_s=30.0, isolation=isolation)
     assert r.output_exceeded and not r.ok and not r.timed_out
     assert len(r.stdout) + len(r.stderr) <= 2 * sandbox.Limits().max_output_bytes
-    assert r.duration_s < 1.5, r.duration_s
+    # 1.5 s until 2026-12-06; 1-byte writes then took 1.6-1.9 s idle on a fresh machine, at b1ab5cc too: the bound is
+    # the regression's (10 s), not this machine's syscall rate
+    assert r.duration_s < 3.0, r.duration_s
     assert _left_behind(r) == []
 
 
