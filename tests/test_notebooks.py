@@ -25,7 +25,8 @@ def test_notebook_is_committed_without_outputs(name):
     assert code and all(not c["outputs"] and c["execution_count"] is None for c in code)
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "tpu_vm.ipynb" else n
+                                  for n in NOTEBOOKS])  # tpu_vm: ~130 s (SmolLM2 GRPO + MOPD on 2 CPU devices)
 def test_notebook_runs_top_to_bottom(name, tmp_path, monkeypatch):
     monkeypatch.setenv("NEMOCASCADE_NOTEBOOK_SMOKE", "1")
     monkeypatch.setenv("NEMOCASCADE_NOTEBOOK_RUNS", str(tmp_path / "runs"))

@@ -106,7 +106,10 @@ def test_crashing_call_scores_zero_and_worker_is_replaced(pool):
 def test_math_reward_through_pool(pool):
     items = [(r"\boxed{\sqrt{12}}", r"2\sqrt{3}"), (r"\boxed{71}", "17"), (r"<think>\boxed{3}", "3"),
              (r"</think>\boxed{\dfrac34}", "0.75")]
-    assert pool.score(math_reward.score, items) == [1.0, 0.0, 0.0, 1.0]
+    # the claim is what the verifier answers through the pool, not how fast: under CI's load sympy's first
+    # simplification ran past the fixture's 1 s and scored 0 (a counted timeout, as the stats check)
+    assert pool.score(math_reward.score, items, timeout_s=60.0) == [1.0, 0.0, 0.0, 1.0]
+    assert pool.last_stats == counts()
 
 
 def test_bad_fn_and_items_are_reported(pool):
