@@ -24,7 +24,7 @@ import jax
 
 from nemocascade import chat, checkpoint, files, held_out, hosts, interrupts, lora, named_checkpoints, plots
 from nemocascade import workdir as workdir_lib
-from nemocascade.configs import flatten, stage_order
+from nemocascade.configs import stage_order
 from nemocascade.data import tfds_builder
 from nemocascade.errors import BadInput
 from nemocascade.mesh import make_mesh
@@ -274,20 +274,6 @@ def _redo_from(ctx, first: str, changes) -> None:
     print(f"[redo] discarded {dropped}; kept {kept}", flush=True)
 
 
-# run keys added since workdirs were recorded, at the value of the old behaviour
-ADDED_RUN_KEYS = {"data.seed": DATA_SEED_FROM_RUN, "eval.avg_k_domains": held_out.AVG_K_DOMAINS[0]}
-
-
-def stage_defaults(cfg) -> dict:
-    """Flat `stages.<name>.<key>` -> the value a stage of its kind gets by default today, and `ADDED_RUN_KEYS`: a
-    resume of a workdir recorded before a key existed (e.g. `lora`, `data.seed`) accepts the key at that default."""
-    agents = {f"eval.agents.{name}.{k}": v for name in cfg.eval.get("agents", {})
-              for k, v in held_out.AGENT_DEFAULTS.items()}
-    stages = {f"stages.{name}.{k}": v for name, stage in cfg.stages.items() if stage.get("kind") in kinds.KINDS
-              for k, v in flatten(common.stage_config(stage.kind, kinds.get(stage.kind).defaults).to_dict()).items()}
-    return ADDED_RUN_KEYS | agents | stages
-
-
 def _locked(cfg, workdir, allow_changes, body):
     """`body(changes)` with `cfg` validated, the workdir locked (one run per workdir) and its recorded config
     checked against `cfg` (`changes`: the allowed ones, nemocascade/workdir.py)."""
@@ -296,7 +282,7 @@ def _locked(cfg, workdir, allow_changes, body):
     if hosts.is_lead():  # flock is per host: one holder per run
         lock.acquire()
     try:
-        changes = workdir_lib.check_config(workdir, cfg.to_dict(), allow_changes, stage_defaults(cfg))
+        changes = workdir_lib.check_config(workdir, cfg.to_dict(), allow_changes)
         hosts.barrier("config checked")  # every process has read the recorded config before process 0 replaces it
         return body(changes)
     finally:
@@ -333,10 +319,6 @@ def _run_locked(cfg, workdir, config_name, variant, changes, redo_from=None) -> 
             stage = cfg.stages[name]
             if ctx.log.stage_done(name):
                 print(f"[{name}] already done", flush=True)
-                if f"stage:{name}" not in ctx.checkpoints.names():  # a workdir from before the registry existed
-                    entry = next(s for s in ctx.log.summary["stages"] if s["name"] == name)
-                    ctx.checkpoints.add_stage(name, _final_path(ctx, name), _pass1(entry.get("val", entry["eval"])),
-                                              stage.side_branch)
                 main = main if stage.side_branch else name
                 continue
             start = ctx.checkpoints.stage_of(stage.init_from) if stage.init_from else main

@@ -102,12 +102,8 @@ class NamedCheckpoints:
 
     def _resolve(self, recorded: str) -> str:
         """A recorded params path: relative to the checkpoint directory (so the workdir can move, or be resumed
-        from another working directory); a registry written before that holds paths relative to the working
-        directory of the run that wrote it, used as they are when they exist."""
-        if not files.is_local(recorded) or os.path.isabs(recorded):
-            return recorded
-        inside = os.path.join(self.dir, recorded)
-        return recorded if not files.exists(inside) and files.exists(recorded) else inside
+        from another working directory)."""
+        return recorded if not files.is_local(recorded) or os.path.isabs(recorded) else os.path.join(self.dir, recorded)
 
     def score(self, ref: str, domain: str) -> float | None:
         return self.data["stages"][self.stage_of(ref)]["scores"].get(domain)

@@ -200,10 +200,8 @@ def load_or_train(path: str, corpus: Callable[[], Iterable[str]], vocab_size: in
         spec = pb.ModelProto.FromString(tok.serialized()).trainer_spec
         cached = (spec.vocab_size, pb.TrainerSpec.ModelType.Name(spec.model_type).lower())
         if cached != (vocab_size, model_type.lower()):
-            shrunk = (f" (a file written before 2026-12-05 records the {tok.vocab_size} pieces it filled, not the "
-                      "size it was asked for)") if cached[0] == tok.vocab_size < vocab_size else ""
             raise ValueError(f"cached tokenizer {path} was trained with (vocab_size, model_type)={cached}, "
-                             f"requested ({vocab_size}, {model_type!r}){shrunk}; delete it or use another path")
+                             f"requested ({vocab_size}, {model_type!r}); delete it or use another path")
         return tok
     proto = _requested(_train_proto(corpus(), vocab_size, model_type), vocab_size)
     atomic_write(path, proto)

@@ -90,14 +90,12 @@ def _plain(obj):
                                  else str(o)))
 
 
-def config_changes(old: dict, new: dict, defaults: dict | None = None) -> tuple[list[tuple[str, object, object]],
-                                                                                tuple | None]:
+def config_changes(old: dict, new: dict) -> tuple[list[tuple[str, object, object]], tuple | None]:
     """(changed keys as (key, old, new) with `<absent>` for a missing side, growth). Growth is
     ("stage_order", old order, new order) when the order only grew or shrank at its end, else None; the keys of
-    the stages in only one of the two orders are then not changes. `defaults` (flat key -> value): a key the
-    recorded config lacks is no change when its new value is that default (a key the code added since, at the
-    value that keeps the old behaviour)."""
-    old, new, defaults = _plain(old), _plain(new), _plain(defaults or {})
+    the stages in only one of the two orders are then not changes. A key one side lacks is a change: a workdir
+    recorded by an older version, before a key existed, starts fresh."""
+    old, new = _plain(old), _plain(new)
     orders = [parse_stage_order(c.pop("stage_order", [])) for c in (old, new)]
     short, long_ = sorted(orders, key=len)
     grown = long_[len(short):] if long_[:len(short)] == short else []
@@ -107,8 +105,7 @@ def config_changes(old: dict, new: dict, defaults: dict | None = None) -> tuple[
         fo["stage_order"], fn["stage_order"] = orders
     missing = "<absent>"
     changes = [(k, fo.get(k, missing), fn.get(k, missing)) for k in sorted(set(fo) | set(fn))
-               if fo.get(k, missing) != fn.get(k, missing) and not k.startswith(exempt)
-               and not (k not in fo and k in defaults and fn.get(k, missing) == defaults[k])]
+               if fo.get(k, missing) != fn.get(k, missing) and not k.startswith(exempt)]
     return changes, (("stage_order", *orders) if grown else None)
 
 
@@ -119,11 +116,9 @@ def save_config(workdir: str, config: dict) -> None:
         atomic_write(os.path.join(workdir, CONFIG_FILE), json.dumps(_plain(config), indent=2, sort_keys=True) + "\n")
 
 
-def check_config(workdir: str, config: dict, allow=(),
-                 defaults: dict | None = None) -> list[tuple[str, object, object]]:
+def check_config(workdir: str, config: dict, allow=()) -> list[tuple[str, object, object]]:
     """On a resume, refuse any change of the recorded config that is not allowed (module docstring); writes
-    nothing. Returns the accepted changes (allowed keys, a grown stage list) to record in the run log. `defaults`:
-    see `config_changes`."""
+    nothing. Returns the accepted changes (allowed keys, a grown stage list) to record in the run log."""
     path = os.path.join(workdir, CONFIG_FILE)
     if not files.exists(path):
         return []
@@ -132,7 +127,7 @@ def check_config(workdir: str, config: dict, allow=(),
     except (OSError, ValueError) as err:
         raise BadInput(f"{path} is unreadable ({err}); it records the config this workdir was started with. "
                        "Restore it, or use a new --workdir") from None
-    changes, growth = config_changes(recorded, config, defaults)
+    changes, growth = config_changes(recorded, config)
     refused = [c for c in changes if not any(fnmatch.fnmatchcase(c[0], p) for p in allow)]
     if refused:
         lines = "\n".join(f"  {k}: {o!r} -> {n!r}" for k, o, n in refused)

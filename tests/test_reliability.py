@@ -158,42 +158,6 @@ def _math_cfg():
     return configs.load("cascade_math:tiny")
 
 
-def test_resume_accepts_a_key_added_since_at_its_default(tmp_path):
-    """A workdir recorded before `lora` existed resumes when the key is at its default; a changed value is refused."""
-    cfg = _math_cfg()
-    recorded = cfg.to_dict()
-    for stage in recorded["stages"].values():
-        del stage["lora"]
-    workdir.save_config(str(tmp_path), recorded)
-    defaults = cascade.stage_defaults(cfg)
-    assert defaults["stages.grpo.lora.rank"] == 0 and defaults["stages.sft.optim.b1"] == 0.9
-    assert workdir.check_config(str(tmp_path), cfg.to_dict(), defaults=defaults) == []
-    with pytest.raises(errors.BadInput, match="stages.sft.lora.rank"):  # the old refusal without the defaults
-        workdir.check_config(str(tmp_path), cfg.to_dict())
-    cfg.stages.grpo.lora.rank = 8
-    with pytest.raises(errors.BadInput, match=r"stages\.grpo\.lora\.rank: '<absent>' -> 8") as err:
-        workdir.check_config(str(tmp_path), cfg.to_dict(), defaults=defaults)
-    assert "stages.sft.lora" not in str(err.value)
-
-
-def test_resume_accepts_run_keys_added_since_at_their_defaults(tmp_path):
-    """data.seed, eval.avg_k_domains and an agent's optional keys joined the configs after workdirs were recorded
-    without them (the command line can only set a key that exists): at the old behaviour's values they are no
-    change; another value is refused by name."""
-    cfg = configs.load("swe_agent:tiny")
-    recorded = cfg.to_dict()
-    del recorded["data"]["seed"], recorded["eval"]["avg_k_domains"]
-    del recorded["eval"]["agents"]["single"]["max_obs_tokens"], recorded["eval"]["agents"]["single"]["max_total_tokens"]
-    workdir.save_config(str(tmp_path), recorded)
-    assert workdir.check_config(str(tmp_path), cfg.to_dict(), defaults=cascade.stage_defaults(cfg)) == []
-    cfg.data.seed, cfg.eval.agents.single.max_obs_tokens = 0, 64
-    with pytest.raises(errors.BadInput) as err:
-        workdir.check_config(str(tmp_path), cfg.to_dict(), defaults=cascade.stage_defaults(cfg))
-    assert "data.seed: '<absent>' -> 0" in str(err.value)
-    assert "eval.agents.single.max_obs_tokens: '<absent>' -> 64" in str(err.value)
-    assert "multi" not in str(err.value)
-
-
 @pytest.mark.parametrize("override, message", [
     ({"stages.grpo.group_size": 1}, r"config\.stages\.grpo\.group_size=1: the group baseline needs >= 2"),
     ({"stages.sft.seq_len": 2}, r"config\.stages\.sft\.seq_len=2 leaves no room for a response"),
