@@ -94,17 +94,15 @@ def test_advantages_and_overlong_hand_worked():
     s1 = np.sqrt(0.1875)
     a1 = [0.25 / (s1 + eps)] * 2 + [-0.75 / (s1 + eps), 0.25 / (s1 + eps)]
     mask = np.ones((8, 4), np.float32)
-    adv, m = jax.jit(update.advantages, static_argnums=(3, 4))(rewards, trunc, mask, "filter", eps)
+    adv, m = jax.jit(update.advantages, static_argnums=3)(rewards, trunc, mask, "filter")
     np.testing.assert_allclose(adv, a0 + a1, rtol=1e-6)
     assert np.asarray(m).sum(1).tolist() == [4, 4, 0, 4] + [4] * 4  # the truncated rollout leaves the loss only
-    adv, m = update.advantages(rewards, trunc, mask, "penalty", eps)  # reward 0 (already 0 here), stays in the loss
+    adv, m = update.advantages(rewards, trunc, mask, "penalty")  # reward 0 (already 0 here), stays in the loss
     np.testing.assert_allclose(adv, a0 + a1, rtol=1e-6)
     assert np.asarray(m).sum() == 32
     adv, _ = update.advantages(np.array([[1, 1, 0, 1]], np.float32), np.array([[0, 1, 0, 0]], bool),
-                               mask[:4], "penalty", eps)  # penalised: rewards 1 0 0 1
+                               mask[:4], "penalty")  # penalised: rewards 1 0 0 1
     np.testing.assert_allclose(adv, a0, rtol=1e-6)
-    adv, _ = update.advantages(np.full((1, 4), np.nan, np.float32), trunc[:1], mask[:4], "none", eps, needed=False)
-    assert np.asarray(adv).tolist() == [0.0] * 4  # unscored rollouts: no term reads advantages
 
 
 def _rows(tokens, valid, mask):

@@ -94,7 +94,7 @@ def _stage(**kw):
     return common.stage_config("grpo", onpolicy.DEFAULTS, **kw)
 
 
-def _run(spec, aggregation, micro_batches=1, tx=None, split_terms=False, steps=1, topk=0, batch=None, grad_clip=0.0):
+def _run(spec, aggregation, micro_batches=1, tx=None, steps=1, topk=0, batch=None, grad_clip=0.0):
     stage = _stage(objective=spec, aggregation=aggregation, distill_topk=topk, gjsd_beta=0.3)
     objective = objectives.build(stage.objective, stage.aggregation, stage)
     params = init_params(CFG, jax.random.key(0))
@@ -104,7 +104,7 @@ def _run(spec, aggregation, micro_batches=1, tx=None, split_terms=False, steps=1
     tx = tx or optax.sgd(1.0)
     state = train_state.create(params, tx, jax.random.key(0))
     fn = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=CFG, tx=tx, objective=objective,
-                                                   micro_batches=micro_batches, split_terms=split_terms,
+                                                   micro_batches=micro_batches,
                                                    grad_clip=grad_clip, domains=((0, "a"), (1, "b"))))
     batch = batch or _batch()
     batch = batch | roles(batch)
@@ -163,19 +163,19 @@ def test_zero_weight_terms_are_not_in_the_compiled_step():
     assert update.FrozenRoles(CFG, {"advantages"})(_batch()) == {}
 
 
-def test_per_term_gradient_norms_and_clipping_are_logged_by_the_step():
+def test_gradient_norm_and_clipping_are_logged_by_the_step():
     o = ml_collections.ConfigDict(dict(optim.DEFAULTS))
     o.update(lr=1e-2, grad_clip=0.05)
     tx, _ = optim.make_optimizer(o, 10)
     spec = {"pg": 1.0, "kl": 0.5}
-    _, _, (m,) = _run(spec, "token_mean", tx=tx, split_terms=True, grad_clip=o.grad_clip)
-    # each term's norm equals the norm of that term's gradient alone (weighted); grad_norm is of the sum
-    for term, w in spec.items():
-        _, _, (alone,) = _run({term: w}, "token_mean")
-        np.testing.assert_allclose(m[f"grad_norm/{term}"], alone["grad_norm"], rtol=1e-5)
-    _, _, (together,) = _run(spec, "token_mean")
-    np.testing.assert_allclose(m["grad_norm"], together["grad_norm"], rtol=1e-5)
-    assert float(m["clipped"]) == 1.0 and float(m["grad_norm"]) > 0.05
+    _, _, (m,) = _run(spec, "token_mean", tx=tx, grad_clip=o.grad_clip)
+    # SGD at lr 1 moves the params by the gradient itself: its norm, from the params, is what the step logs
+    params, state, (plain,) = _run(spec, "token_mean")
+    moved = np.sqrt(sum(np.sum((np.asarray(a) - np.asarray(b)) ** 2)
+                        for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(state.params))))
+    np.testing.assert_allclose(plain["grad_norm"], moved, rtol=1e-4)
+    np.testing.assert_allclose(m["grad_norm"], moved, rtol=1e-4)  # the norm before clipping
+    assert float(m["clipped"]) == 1.0 and moved > 0.05 and float(plain["clipped"]) == 0.0
 
 
 def test_frozen_parameters_do_not_move():

@@ -83,9 +83,9 @@ class RolloutSource:
                 out.append(rec)
         return out
 
-    def sample(self, params, records, max_new: int, rng, score: bool = True) -> tuple[Rollouts, dict]:
-        """Sample G rollouts per record from `params` and (if `score`) score them -> (Rollouts, stats) as in the
-        module docstring; unscored rewards are NaN.
+    def sample(self, params, records, max_new: int, rng) -> tuple[Rollouts, dict]:
+        """Sample G rollouts per record from `params` and score them -> (Rollouts, stats) as in the module
+        docstring.
 
         The records go to the sampler in `stage.score_overlap` equal chunks (the largest divisor of P at most
         that): chunk c+1 is dispatched before chunk c is scored, so the verifiers run while the device generates
@@ -113,19 +113,17 @@ class RolloutSource:
             # the training batch cuts the all-padding columns again (column_window)
             rows.append(to_rows(samples, width=max_prompt, pad_id=ctx.tokenizer.pad_id))
             # what the host needs; JAX dispatches and returns at once
-            return (samples.lengths, samples.truncated) + ((samples.tokens, samples.mask) if score else ())
+            return samples.lengths, samples.truncated, samples.tokens, samples.mask
 
         def score_chunk(c, host):
             lengths, truncated, *response = host
             part, lengths = records[c * k:(c + 1) * k], lengths.reshape(-1, G)
-            if not score:
-                return np.full((len(part), G), np.nan, np.float32), lengths, truncated.reshape(-1, G)
             texts = chat.decode_responses(ctx.tokenizer, *response, ctx.cfg.thinking)
             return np.asarray(self.scorer(part, texts, lengths), np.float32), lengths, truncated.reshape(-1, G)
 
         parts, timing = pipelined(n, generate, score_chunk)
         rewards, lengths, truncated = (np.concatenate(x) for x in zip(*parts))
-        if self.epoch_filter and score:
+        if self.epoch_filter:
             self.epoch_filter.update([r["id"] for r in records], rewards)
         domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
         groups = {"rewards": rewards, "truncated": truncated, "lengths": lengths,
@@ -159,13 +157,12 @@ class RolloutSource:
 
 
 def episode_settings(stage, max_new: int, ctx, greedy: bool = False) -> episodes.Settings:
-    """A multi-turn stage's budgets (stage keys max_turns, max_total_tokens, max_obs_tokens, env_workers,
-    stop_tokens)."""
+    """A multi-turn stage's budgets (stage keys max_turns, max_total_tokens, max_obs_tokens, stop_tokens)."""
     return episodes.Settings(
         max_turns=stage.max_turns, max_new_tokens=max_new, max_total_tokens=stage.max_total_tokens,
         max_obs_tokens=stage.max_obs_tokens,
         max_prompt_len=stage.max_prompt_len or ctx.cfg.eval.max_prompt_len, temperature=stage.temperature,
-        top_p=stage.top_p, top_k=stage.top_k, greedy=greedy, thinking=ctx.cfg.thinking, workers=stage.env_workers,
+        top_p=stage.top_p, top_k=stage.top_k, greedy=greedy, thinking=ctx.cfg.thinking,
         stop_tokens=tuple(stage.stop_tokens))
 
 

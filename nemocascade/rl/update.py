@@ -114,34 +114,31 @@ def _teacher_pass(model_cfg, full: bool, topk: int, params, batch, rows, acc):
     return jax.tree.map(pick, new, acc)
 
 
-def advantages(rewards, truncated, mask, overlong: str, eps: float, needed: bool = True):
+def advantages(rewards, truncated, mask, overlong: str):
     """(advantages [N], loss mask [N, T]) of P x G rollouts' rewards and truncation flags [P, G] (N = P x G).
     DAPO's overlong handling: "filter" drops a truncated rollout from the loss while its reward stays in its
-    group's statistics; "penalty" rewards it 0; "none". A = (r - mean_g r) / (std_g r + eps) (C1/C2 Eq. 1); 0 where
-    no term reads them (`needed`: rewards may be unscored, NaN)."""
+    group's statistics; "penalty" rewards it 0; "none". A = (r - mean_g r) / (std_g r + 1e-6) (C1/C2 Eq. 1)."""
     if overlong == "penalty":
         rewards = jnp.where(truncated, 0.0, rewards)
     if overlong == "filter":
         mask = mask * ~truncated.reshape(-1, 1)
-    adv = losses.group_advantages(rewards, eps) if needed else jnp.zeros(rewards.shape, jnp.float32)
-    return adv.reshape(-1), mask
+    return losses.group_advantages(rewards).reshape(-1), mask
 
 
 def policy_update(state, batch, *, model_cfg, tx, objective, micro_batches: int = 1, domains=(),
-                  split_terms: bool = False, overlong: str = "none", adv_eps: float = 1e-6, grad_clip: float = 0.0,
-                  merged=lambda p: p):
+                  overlong: str = "none", grad_clip: float = 0.0, merged=lambda p: p):
     """One optimiser update on `objective` (objectives.Objective).
 
     batch: tokens/valid/positions [N, L]; mask, sampler_logp [N, L-1]; domain_idx [N]; rewards and truncated
     [P, G] (N = P x G, a group's rows adjacent); plus what FrozenRoles added. The group advantages are computed
-    here (`advantages`, with `overlong` and `adv_eps`). `domains`: (run-domain index, name) pairs to log reverse KL
+    here (`advantages`, with `overlong`). `domains`: (run-domain index, name) pairs to log reverse KL
     per domain. `micro_batches` split the rows; every reduction uses the whole batch's normaliser, so their summed
-    gradient is the full batch's. `split_terms`: one backward pass per term, to log grad_norm/<term>. `grad_clip`:
+    gradient is the full batch's. `grad_clip`:
     the chain's clipping norm, for the `clipped` metric. `merged`: state.params -> the params the model applies
     (LoRA's merge, stages/common.py over_adapters)."""
     batch = dict(batch)
     batch["advantages"], batch["mask"] = advantages(batch.pop("rewards"), batch.pop("truncated"), batch["mask"],
-                                                    overlong, adv_eps, "advantages" in objective.needs)
+                                                    overlong)
     mask = batch["mask"]
     normalizer = losses.loss_normalizer(mask, objective.aggregation)
     row_tokens = jnp.sum(mask, -1)
@@ -155,24 +152,16 @@ def policy_update(state, batch, *, model_cfg, tx, objective, micro_batches: int 
         values, metrics = objective.term_losses(x, normalizer, n_tok)
         metrics |= {f"term/{k}": v for k, v in values.items()} | _diagnostics(x, n_tok, domains, domain_tokens)
         weighted = {k: weights[k] * v for k, v in values.items()}
-        if "router_aux" in x:  # a mixture of experts: the load-balancing loss rides on the first term (one per
-            # micro-batch, each the mean over its own tokens: averaged), so a split-terms chain sums it in too
-            first = next(iter(weighted))
-            weighted[first] = weighted[first] + model_cfg.router_aux_coef * x["router_aux"] / micro_batches
+        loss = sum(weighted.values())
+        if "router_aux" in x:  # a mixture of experts' load-balancing loss (one per micro-batch, each the mean over
+            # its own tokens: averaged)
+            loss = loss + model_cfg.router_aux_coef * x["router_aux"] / micro_batches
             metrics["router_aux"] = x["router_aux"] / micro_batches
-        return weighted, metrics
+        return loss, metrics
 
     def grads_of(b):
-        if split_terms:
-            terms, vjp, metrics = jax.vjp(lambda p: weighted_terms(p, b), state.params, has_aux=True)
-            unit = lambda k: {j: jnp.float32(j == k) for j in terms}  # noqa: E731
-            grads = {k: vjp(unit(k))[0] for k in terms}
-        else:
-            def total(p):
-                terms, metrics = weighted_terms(p, b)
-                return sum(terms.values()), (terms, metrics)
-            (_, (terms, metrics)), grads = jax.value_and_grad(total, has_aux=True)(state.params)
-        return sum(terms.values()), metrics, grads
+        (loss, metrics), grads = jax.value_and_grad(weighted_terms, has_aux=True)(state.params, b)
+        return loss, metrics, grads
 
     if micro_batches == 1:
         loss, metrics, grads = grads_of(batch)
@@ -182,9 +171,6 @@ def policy_update(state, batch, *, model_cfg, tx, objective, micro_batches: int 
         zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grads_of, first))
         (loss, metrics, grads), _ = jax.lax.scan(lambda c, b: (jax.tree.map(jnp.add, c, grads_of(b)), None),
                                                  zeros, split)
-    if split_terms:
-        metrics |= {f"grad_norm/{k}": optax.global_norm(g) for k, g in grads.items()}
-        grads = jax.tree.map(lambda *g: sum(g[1:], g[0]), *grads.values())
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     metrics |= optim.grad_metrics(grads, grad_clip) | {"loss": loss} | {f"weight/{k}": w for k, w in weights.items()}
     return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),

@@ -8,7 +8,7 @@ a_t = sg[log pi_teacher - log pi_train], the truncated importance weight w_t = s
 token mean is `aggregation="seq_mean_token_mean"`. No outcome reward, no group baseline; the configs warm the
 learning rate up linearly from 0.1x (METHOD.md: early grad norms are large). Logged: reverse KL
 mean(log pi_train - log pi_teacher) overall and per domain (it should fall toward 0), the IS-weight
-statistics, and (unless `log_reward=False`) the rollouts' verifier reward, for monitoring only.
+statistics, and the rollouts' verifier reward, for monitoring only.
 
 The full-distribution alternatives of METHOD.md (GKD family) are other terms: `objective=dict(forward_kl=1)`,
 `reverse_kl`, `gjsd` (beta = `gjsd_beta`), over the vocabulary or the teacher's top `distill_topk` tokens.

@@ -3,7 +3,7 @@
 Each step, strictly on-policy (METHOD.md "GRPO as used in every RL stage", "MOPD"):
   1. sample B prompts x G rollouts from the *current* params (jitted sampler, KV cache);
   2. score: the stage's reward source (stages/reward_sources.py: each domain's verifier, a reward model, a judge),
-     when a term trains on rewards (or for monitoring, `log_reward`); group filters (max-reward mask, dynamic
+     (for monitoring too, where no term trains on them); group filters (max-reward mask, dynamic
      filter with bounded refill);
   3. the kept groups' rows gathered on the device (rl/rollouts.py: training_batch);
   4. the frozen roles the objective reads: the reference (= the params the stage started from, no copy) and
@@ -52,33 +52,29 @@ DEFAULTS = dict(
     temperature=1.0, top_p=1.0, top_k=0,
     # the loss (nemocascade/objectives.py): term -> weight (a float, 0 = off, or an optax schedule dict)
     objective=dict(pg=1.0, kl=0.0, entropy=0.0), aggregation="token_mean",
-    log_term_grad_norms=False,  # one backward pass per term, to log grad_norm/<term>
     kl_estimator="k3",  # term kl
     is_low=0.5, is_high=2.0,  # term mopd: truncated importance-sampling band
     gjsd_beta=0.5, distill_topk=0,  # terms forward_kl / reverse_kl / gjsd: over the teacher's top K (0: vocabulary)
     teachers={},  # domain -> checkpoint name for teacher terms; a domain not listed uses "best:<domain>"
-    log_reward=True,  # score rollouts for metrics even when no term trains on rewards
-    adv_eps=1e-6,
     dynamic_filter=False, refill_rounds=3, overlong="none", mask_if_max_reward_below=-1.0,
-    epoch_filter=False, readmit_hard=0.1, readmit_easy=0.01,
+    epoch_filter=False,  # C1's epoch filter (rl/filters.py EpochFilter, its readmission rates)
     # what scores rollouts (stages/reward_sources.py): "verifier" (each domain's), "reward_model" or "judge"
     reward_source="verifier",
     # RLHF (METHOD.md "Rewards per domain"): the BT reward model an earlier `rm` stage trained, on the text after
     # </think>; "scalar" = its score, "pairwise" = Cascade 2's aggregation (mean Pr(i beats j) over the group,
     # ties broken by ranking, optional quality-gated conciseness bonus)
-    reward_model="", reward_mode="scalar", conciseness_bonus=0.0, quality_gate=0.5, rm_max_len=160,
+    reward_model="", reward_mode="scalar", conciseness_bonus=0.0, quality_gate=0.5,
     # reward_source="judge": a generative judge (rewards/judge.py), a frozen causal LM on the policy's mesh:
     # "stage:NAME" / "best:DOMAIN" (a checkpoint of this run), "gguf" (SmolLM2-135M-Instruct), "gguf:PATH", "hf:PATH".
     # reward_mode "pairwise": C2's GenRM (every pair of a group judged in both orders, then the aggregation
     # above); "reference": Pr(the response gives the record's answer), C2's long-context judge
-    judge="", judge_mode="logprob", judge_max_len=384, judge_max_new_tokens=64, judge_batch_size=64,
-    judge_temperature=0.0,
+    judge="", judge_mode="logprob", judge_max_len=384, judge_batch_size=64,
     # multi-turn rollouts (rl/episodes.py, nemocascade/envs.py): > 1 turns, each domain's environment answers every
     # turn (its tests' output, a tool's result) and rewards the episode; the verifiers above are not used
-    max_turns=1, envs={},  # domain -> environment name (default: envs.DEFAULT_ENV)
+    max_turns=1, envs={},  # domain -> environment name (default: the domain's own, Domain.env)
     max_total_tokens=0,  # per episode after the prompt, the model's and the observations' tokens (0: max_turns x
     # max_new_tokens, max_new_tokens being each turn's limit)
-    max_obs_tokens=128, env_workers=0,  # environment steps run in threads (0: 2 x CPU count)
+    max_obs_tokens=128,
     stop_tokens=(),  # vocabulary pieces that also end a turn, e.g. ("</tool_call>",) with a Qwen tokenizer
     # C2's SWE RL data filter, before the stage: the first `prefilter_prompts` distinct train problems, sampled
     # `prefilter_samples` times each by the starting policy; drop those solved every time and a
@@ -181,9 +177,7 @@ def run(ctx: common.RunContext, name: str, stage, params):
     """Train `stage.steps` on-policy steps from `params` (settings checked by `check` at validation)."""
     B = stage.prompts_per_step
     objective = objectives.build(stage.objective, stage.aggregation, stage)
-    split = bool(stage.log_term_grad_norms) and len(objective.terms) > 1
     tx, schedule = optim.make_optimizer(stage.optim, stage.steps)
-    trains_on_rewards = "advantages" in objective.needs
     teachers, teacher_of_domain = load_teachers(ctx, name, stage) if objective.needs & update.TEACHER_INPUTS \
         else ((), None)
     roles = update.FrozenRoles(ctx.model_cfg, objective.needs, teachers=teachers,
@@ -191,23 +185,21 @@ def run(ctx: common.RunContext, name: str, stage, params):
                                teacher_of_domain=teacher_of_domain, topk=stage.distill_topk)
     kept = solve_rate_prefilter(ctx, name, stage, params) if stage.prefilter_prompts else None
     data_iter, epoch_len = common.prompt_stream(ctx, name, stage, kept)
-    epoch_filter = (filters.EpochFilter(stage.readmit_hard, stage.readmit_easy, ctx.cfg.seed)
-                    if stage.epoch_filter else None)
+    epoch_filter = filters.EpochFilter(seed=ctx.cfg.seed) if stage.epoch_filter else None
     rollouts = rollouts_lib.RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter,
                                           scorer=reward_sources.build(ctx, stage))
     run_domains = list(ctx.cfg.data.domains)
     step_fn = functools.partial(update.policy_update, model_cfg=ctx.model_cfg, tx=tx, objective=objective,
-                                micro_batches=stage.micro_batches, split_terms=split, overlong=stage.overlong,
-                                adv_eps=stage.adv_eps, grad_clip=stage.optim.grad_clip,
+                                micro_batches=stage.micro_batches, overlong=stage.overlong,
+                                grad_clip=stage.optim.grad_clip,
                                 domains=tuple((run_domains.index(d), d) for d in stage.domains))
     trainer = common.Trainer(ctx, name, stage, params, tx, step_fn, data_iter=data_iter,
                              extra_state_fns=(rollouts.state_dict, rollouts.load_state_dict))
-    score = trains_on_rewards or stage.log_reward
     with trainer:
         for step in trainer.steps():
             max_new = max_new_tokens_at(stage, step)
             rng = jax.random.fold_in(jax.random.wrap_key_data(trainer.state.rng), step)
-            rows, kept, first, fstats, timing = sample_groups(rollouts, trainer.params, stage, max_new, rng, score)
+            rows, kept, first, fstats, timing = sample_groups(rollouts, trainer.params, stage, max_new, rng)
             t0 = time.perf_counter()
             if fstats["kept"]:  # every group filtered out: no update, the step counter moves on
                 batch = rollouts_lib.training_batch(rows, kept, B, stage.group_size, ctx.mesh)
@@ -215,8 +207,7 @@ def run(ctx: common.RunContext, name: str, stage, params):
             else:
                 metrics = trainer.skip()
             timing["train_s"] = time.perf_counter() - t0
-            metrics |= dict(timing) | (rollouts_lib.rollout_metrics(first, run_domains) if score else {
-                "response_len": float(first["lengths"].mean()), "truncation_rate": float(first["truncated"].mean())})
+            metrics |= dict(timing) | rollouts_lib.rollout_metrics(first, run_domains)
             metrics |= {"lr": float(schedule(step)), "max_new_tokens": max_new, "kept_groups": fstats["kept"],
                         "refill_rounds": fstats["rounds"]}
             metrics |= rollouts.scorer.take_metrics()
@@ -267,7 +258,7 @@ def prefilter_keep(solved, samples: int, drop_unsolved: float, seed: int) -> np.
     return ~((solved == samples) | ((solved == 0) & unlucky))
 
 
-def sample_groups(rollouts, params, stage, max_new: int, rng, score: bool):
+def sample_groups(rollouts, params, stage, max_new: int, rng):
     """`prompts_per_step` prompts x G rollouts, sampled again (up to `refill_rounds`, always B prompts a round: one
     compiled sampler) while the reward filters drop groups -> (each round's device rows, the kept groups (host,
     with `group_id`: the index into the rounds' rows), the first round's groups, filter stats, timings summed
@@ -276,8 +267,7 @@ def sample_groups(rollouts, params, stage, max_new: int, rng, score: bool):
     buf = filters.RefillBuffer(B, stage.refill_rounds if stage.dynamic_filter else 1)
     timing, first, rows = defaultdict(float), None, []
     while not buf.ready():
-        sampled, t = rollouts.sample(params, rollouts.prompts(B), max_new, jax.random.fold_in(rng, len(rows)),
-                                     score=score)
+        sampled, t = rollouts.sample(params, rollouts.prompts(B), max_new, jax.random.fold_in(rng, len(rows)))
         for k, v in t.items():  # seconds add up over rounds; the agent's means: the first round's
             if k.endswith("_s") or rows == []:
                 timing[k] += v

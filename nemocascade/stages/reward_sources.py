@@ -112,6 +112,9 @@ def group_rewards(prefs, lengths, stage) -> np.ndarray:
                      for p, lens in zip(prefs, lengths)])
 
 
+RM_MAX_LEN = 160  # tokens of the final answer's text the reward model reads
+
+
 class RewardModelScorer:
     """Rewards from the BT reward model of stage `reward_model` (saved by `stages/rm.py`), on the text after
     </think>: its score (`reward_mode="scalar"`) or C2's pairwise aggregation over the group ("pairwise")."""
@@ -120,7 +123,7 @@ class RewardModelScorer:
         self.stage = stage
         self.rm = rm_scorer.RewardModelScorer.load(
             rm.rm_path(ctx.workdir, stage.reward_model), ctx.model_cfg, ctx.tokenizer, mesh=ctx.mesh,
-            batch_size=stage.prompts_per_step * stage.group_size, max_len=stage.rm_max_len)
+            batch_size=stage.prompts_per_step * stage.group_size, max_len=RM_MAX_LEN)
 
     def __call__(self, records, texts, lengths):
         G = np.shape(lengths)[1]
@@ -155,8 +158,7 @@ def load_judge(ctx, stage):
                                                                                       num_layers=0)), ctx.mesh)
         thinking = False  # an imported instruct model answers in plain ChatML
     return judge_lib.Judge(params, model_cfg, tokenizer, mode=stage.judge_mode, batch_size=stage.judge_batch_size,
-                           max_len=stage.judge_max_len, max_new_tokens=stage.judge_max_new_tokens,
-                           temperature=stage.judge_temperature, seed=ctx.cfg.seed, thinking=thinking, mesh=ctx.mesh)
+                           max_len=stage.judge_max_len, seed=ctx.cfg.seed, thinking=thinking, mesh=ctx.mesh)
 
 
 class JudgeScorer:
@@ -201,7 +203,7 @@ def judge_problems(stage, earlier: dict) -> list[str]:
         j.startswith("stage:") and j[6:] not in earlier) else []
     bad += [f"judge_mode={stage.judge_mode!r}; choose one of {judge_lib.MODES}"] if (
         stage.judge_mode not in judge_lib.MODES) else []
-    bad += [f"{k}={stage[k]} must be >= 1" for k in ("judge_batch_size", "judge_max_new_tokens") if stage[k] < 1]
+    bad += [f"{k}={stage[k]} must be >= 1" for k in ("judge_batch_size",) if stage[k] < 1]
     return bad + ([f"judge_max_len={stage.judge_max_len} must be >= 64"] if stage.judge_max_len < 64 else [])
 
 
