@@ -4,8 +4,8 @@
     first = env.reset()              # the first user message (by default the record's prompt)
     step = env.step(action_text)     # Step(observation, reward, done, tool_error)
 
-An environment is registered by name (`register_env`) and picked per domain like a reward: `DEFAULT_ENV` maps a
-domain to its environment, a stage's `envs` overrides it. The episode's reward is the reward of its last step
+An environment is registered by name (`register_env`) and picked per domain like a reward: a domain's record
+names its environment (`data.domains.Domain.env`), a stage's `envs` overrides it. The episode's reward is the reward of its last step
 (a trajectory cut by a budget is scored on what it wrote last). Built-ins:
 
 ``swe_repair`` (domain swe)
@@ -40,6 +40,13 @@ from collections.abc import Callable
 
 from nemocascade import sandbox
 from nemocascade.chat import strip_think
+from nemocascade.data import domains
+from nemocascade.data import tool as tool_data
+from nemocascade.rewards import code as code_reward
+from nemocascade.rewards import swe
+from nemocascade.rewards import tool as tool_reward
+from nemocascade.rewards.extract import last_python_block
+from nemocascade.rewards.structured import MALFORMED
 
 OUTPUT_CHARS = 300  # an observation quotes at most this much of a program's output
 STEP_TIMEOUT_S = 5.0  # one sandboxed run
@@ -67,7 +74,6 @@ class Env:
 
 
 ENVS: dict[str, Callable[[dict], Env]] = {}
-DEFAULT_ENV = {"swe": "swe_repair", "tool": "tool_exec"}
 
 
 def register_env(name: str, factory: Callable[[dict], Env]) -> None:
@@ -76,7 +82,8 @@ def register_env(name: str, factory: Callable[[dict], Env]) -> None:
 
 def env_name(domain: str, overrides=None) -> str | None:
     """The environment of `domain`: the stage's override, else its default; None when it has none."""
-    return (overrides or {}).get(domain) or DEFAULT_ENV.get(domain)
+    record = domains.DOMAINS.get(domain)
+    return (overrides or {}).get(domain) or (record.env if record else None)
 
 
 def make_env(name: str, record: dict) -> Env:
@@ -120,9 +127,6 @@ class SweRepair(Env):
         self.call, self.expected = _call_of(self.spec["tests"][0])
 
     def step(self, action: str) -> Step:
-        from nemocascade.rewards import code as code_reward
-        from nemocascade.rewards import swe
-
         code = swe.extract_code(action)
         if swe.parse_code(code) is None:
             return Step(f"No Python code block found. {self.ASK}", 0.0, False, tool_error=True)
@@ -188,8 +192,6 @@ class ToolExec(Env):
 
     def __init__(self, record: dict):
         super().__init__(record)
-        from nemocascade.data import tool as tool_data
-
         self.tools = tool_data.TOOLS
         listed = record["prompt"].split("Request:")[0]
         self.listed = [name for name in self.tools if f"{name}(" in listed]
@@ -199,9 +201,6 @@ class ToolExec(Env):
         return Step(f"<tool_response>{json.dumps({'error': message})}</tool_response>", 0.0, False, tool_error=True)
 
     def step(self, action: str) -> Step:
-        from nemocascade.rewards import tool as tool_reward
-        from nemocascade.rewards.structured import MALFORMED
-
         try:
             call = tool_reward.parse_call(strip_think(action))
         except MALFORMED:
@@ -231,12 +230,9 @@ class PythonTool(Env):
     """A Python interpreter the model may call before it answers (module docstring)."""
 
     def step(self, action: str) -> Step:
-        from nemocascade.rewards import get_reward
-        from nemocascade.rewards.extract import last_python_block
-
         code = last_python_block(strip_think(action))
         if code is None:
-            return Step("", get_reward(self.record["domain"])(action, self.record["answer"]), True)
+            return Step("", domains.verifier(self.record["domain"])(action, self.record["answer"]), True)
         res = sandbox.run_python(code, timeout_s=STEP_TIMEOUT_S)
         out = (res.stdout + res.stderr)[-OUTPUT_CHARS:]
         return Step("Output:\n" + out + ("\n(timed out)" if res.timed_out else ""), 0.0, False,

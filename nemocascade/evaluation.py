@@ -10,9 +10,8 @@ import numpy as np
 
 from nemocascade import chat, sampling, stats
 from nemocascade import mesh as mesh_lib
-from nemocascade.data import pipeline
+from nemocascade.data import domains, pipeline
 from nemocascade.rl import episodes
-from nemocascade.rewards import get_reward
 from nemocascade.rewards.pool import OUTCOMES
 from nemocascade.run_log import progress
 
@@ -55,7 +54,7 @@ def score_texts(pool, texts, records, rewards: dict | None = None) -> tuple[list
     for i, r in enumerate(records):
         by_domain.setdefault(r["domain"], []).append(i)
     for domain, idx in by_domain.items():
-        fn = (rewards or {}).get(domain) or get_reward(domain)
+        fn = (rewards or {}).get(domain) or domains.verifier(domain)
         for i, s in zip(idx, pool.score(fn, [(texts[i], records[i]["answer"]) for i in idx])):
             scores[i] = s
         for k in OUTCOMES:

@@ -54,10 +54,10 @@ def test_get_domain_unknown_lists_known():
         domains.get_domain("chess")
 
 
-def test_register_domain_refuses_duplicates_and_validates_records():
-    spec = domains.DomainSpec("math", dmath.generate)
+def test_register_refuses_duplicates_and_validates_records():
+    spec = domains.Domain("math", dmath.generate, domains.verifier("math"))
     with pytest.raises(ValueError, match="'math' is already registered"):
-        domains.register_domain(spec)
+        domains.register(spec)
     bad = dict(_record(0), answer=3)
     with pytest.raises(ValueError, match=r"row 7: field 'answer' must be str"):
         domains.validate_record(bad, 7)

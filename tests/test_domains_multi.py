@@ -16,7 +16,7 @@ from nemocascade.data import mcq as dmcq
 from nemocascade.data import domains
 from nemocascade.data import structured as djson
 from nemocascade.data import tool as dtool
-from nemocascade.rewards import REWARDS
+from nemocascade.data.domains import verifier
 from nemocascade.rewards import mcq as rmcq
 from nemocascade.rewards import structured as rjson
 from nemocascade.rewards import tool as rtool
@@ -54,7 +54,7 @@ def completion(record):
 ])
 def test_mcq_score_hand_worked(final, answer, expected):
     assert rmcq.score(T + final, answer) == expected
-    assert REWARDS["mcq"](T + final, answer) == expected
+    assert verifier("mcq")(T + final, answer) == expected
 
 
 def test_mcq_score_reads_only_the_finished_final_text():
@@ -134,7 +134,7 @@ JSON_ANSWER = json.dumps({"schema": {"type": "object", "additionalProperties": F
 ])
 def test_json_score_hand_worked(final, expected):
     assert rjson.score(T + final, JSON_ANSWER) == expected
-    assert REWARDS["json"](T + final, JSON_ANSWER) == expected
+    assert verifier("json")(T + final, JSON_ANSWER) == expected
 
 
 def test_json_score_values_only_where_specified_and_bad_answers():
@@ -171,7 +171,7 @@ TOOL_ANSWER = json.dumps({"name": "add_item", "arguments": {"item": "pens", "cou
 ])
 def test_tool_score_hand_worked(final, expected):
     assert rtool.score(T + final, TOOL_ANSWER) == expected
-    assert REWARDS["tool"](T + final, TOOL_ANSWER) == expected
+    assert verifier("tool")(T + final, TOOL_ANSWER) == expected
 
 
 def test_tool_score_bool_is_not_int():
@@ -188,15 +188,15 @@ def test_rewards_are_registered_and_picklable():
     import pickle
 
     for domain in ("mcq", "json", "tool", "longctx", "swe", "swe_exec"):
-        fn = REWARDS[domain]
+        fn = verifier(domain)
         assert pickle.loads(pickle.dumps(fn)) is fn  # VerifierPool workers receive them pickled
     assert domains.get_domain("json").name == "json"
 
 
 def test_longctx_reward_is_the_boxed_number():
-    assert REWARDS["longctx"](T + "The answer is \\boxed{482}.", "482") == 1.0
-    assert REWARDS["longctx"](T + "The answer is \\boxed{428}.", "482") == 0.0
-    assert REWARDS["longctx"](T + "The code is 482.", "482") == 0.0
+    assert verifier("longctx")(T + "The answer is \\boxed{482}.", "482") == 1.0
+    assert verifier("longctx")(T + "The answer is \\boxed{428}.", "482") == 0.0
+    assert verifier("longctx")(T + "The code is 482.", "482") == 0.0
 
 
 # ------------------------------------------------------------------------------ generators: shared
@@ -235,7 +235,7 @@ def _teacher_pair(domain, n, **opts):
     bad = gen(np.random.default_rng(11), n, teacher_error_rate=1.0, split=None, **opts)
     assert [r["prompt"] for r in good] == [r["prompt"] for r in bad]
     assert [r["answer"] for r in good] == [r["answer"] for r in bad]
-    reward = REWARDS[domain]
+    reward = verifier(domain)
     assert all(reward(completion(r), r["answer"]) == 1.0 for r in good)
     slipped = [b for g, b in zip(good, bad) if b["response"] != g["response"]]
     assert all(reward(completion(r), r["answer"]) == 0.0 for r in slipped)

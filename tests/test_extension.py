@@ -93,13 +93,13 @@ def _readme_example(name):
 def test_the_readmes_domain_example_is_the_configs_code():
     block = _readme_example("sort_words")
     source = open(os.path.join(ROOT, "experiments", "configs", "sort_words.py")).read()
-    assert "def generate" in block and "def score" in block and "register_domain" in block
+    assert "def generate" in block and "def score" in block and "domains.register(" in block
     assert block.strip() in source  # word for word: the README cannot drift from the file the test runs
 
 
 def test_a_domain_from_an_experiment_file_trains_and_is_verified_in_workers(tmp_path):
     cfg = configs.load("sort_words:tiny")
-    score = rewards.get_reward("sort_words")
+    score = domains.verifier("sort_words")
     assert [score(t, "ant cat dog") for t in ("<think>a c d</think>\\boxed{ant cat dog}", "\\boxed{ant dog cat}",
                                               "\\boxed{ant  cat dog", "x" * 10**6, None)] == [1.0, 0.0, 0.0, 0.0, 0.0]
     recs = domains.generate_split("sort_words", "test", 50, seed=0)
@@ -133,8 +133,8 @@ def test_the_readmes_reward_example_trains_one_stage_on_it(monkeypatch):
     cascade.validate(cfg)
     from nemocascade.stages import common
     assert common.stage_rewards(cfg.stages.grpo) == {"math": strict_math}  # the stage trains on it
-    assert common.stage_rewards(cfg.stages.sft) == {"math": rewards.get_reward("math")}  # the others keep math's
-    assert rewards.get_reward("math") is not strict_math  # and so does evaluation (the domain's own)
+    assert common.stage_rewards(cfg.stages.sft) == {"math": domains.verifier("math")}  # the others keep math's
+    assert domains.verifier("math") is not strict_math  # and so does evaluation (the domain's own)
     assert [strict_math(t, "0.5") for t in ("\\boxed{0.5}", "\\boxed{1/2}")] == [1.0, 0.0]
 
 

@@ -12,7 +12,8 @@ import pytest
 from nemocascade.chat import render_completion
 from nemocascade.data import generate_split, ifbench, split_of
 from nemocascade.data import instruct as gen
-from nemocascade.rewards import REWARDS, instruct
+from nemocascade.data.domains import verifier
+from nemocascade.rewards import instruct
 from nemocascade.rewards.instruct import CHECKERS, check_all, count_words, score, split_sentences
 
 # (constraint, response, verdict), each worked by hand from the rule in the checker's docstring.
@@ -150,7 +151,7 @@ def test_score_whole_completions(completion, answer, expected):
 
 def test_score_in_think_and_registry():
     assert score("all quiet here", ANSWER, in_think=True) == 0.0  # <think> was in the prompt, never closed
-    assert REWARDS["if"] is score
+    assert verifier("if") is score
 
 
 # ------------------------------------------------------------------------------------------ the generator

@@ -180,8 +180,6 @@ def test_logprob_prompt_in_thinking_mode_is_the_prefix_of_a_verdict_sft_target(t
 
 
 def test_judge_pref_domain_orders_reward_and_noisy_labeller():
-    from nemocascade.rewards import REWARDS
-
     test = domains.generate_split("judge_pref", "test", 40, 0)
     assert [r["answer"] for r in test] == ["A", "B"] * 20  # held out: the chosen answer alternates A, B
     assert all(r["id"].endswith("/" + r["answer"]) and r["response"] == f"Verdict: {r['answer']}" for r in test)
@@ -190,7 +188,7 @@ def test_judge_pref_domain_orders_reward_and_noisy_labeller():
         chosen, rejected = _pair(p)
         a, b = (chosen, rejected) if r["answer"] == "A" else (rejected, chosen)
         assert r["prompt"] == judge_lib.pair_instruction(p["prompt"], a, b)
-    score = REWARDS["judge_pref"]
+    score = domains.verifier("judge_pref")
     turn = chat.render_completion("", "Verdict: B", thinking=True)  # what the policy writes after the prompt
     assert score(turn, "B") == 1.0 and score(turn, "A") == 0.0
     assert score("Verdict: A\nVerdict: B", "B") == 0.0  # hedging earns nothing
@@ -222,6 +220,7 @@ def test_stage_check_names_bad_judge_settings():
         reward_source="judg")
 
 
+@pytest.mark.slow  # ~145 s; the judge's verdicts, both orders and the aggregation are pinned by the tests above
 def test_genrm_tiny_rlhf_is_rewarded_by_the_sft_checkpoint_judging_both_orders(tmp_path, run_cli):
     run_cli("genrm:tiny", tmp_path / "wd")
     rows = [json.loads(line) for line in open(tmp_path / "wd" / "metrics.jsonl")]

@@ -8,7 +8,7 @@ pytest.importorskip("reasoning_gym", reason="reasoning-gym not installed (pip in
 from nemocascade.chat import render_completion  # noqa: E402
 from nemocascade.data import generate_split, split_of  # noqa: E402
 from nemocascade.data import reasoning_gym as rgm  # noqa: E402
-from nemocascade.rewards import REWARDS  # noqa: E402
+from nemocascade.data.domains import verifier  # noqa: E402
 from nemocascade.rewards import math as math_reward  # noqa: E402
 
 
@@ -34,7 +34,7 @@ def test_split_disjoint():
 def test_gold_response_scores_one_and_a_wrong_one_zero():
     records = rgm.generate(np.random.default_rng(1), 180, split=None, datasets=list(rgm.SUPPORTED))
     assert {r["id"].split("/")[3] for r in records} == set(rgm.SUPPORTED)
-    reward = REWARDS["rg_math"]
+    reward = verifier("rg_math")
     assert reward is math_reward.score
     for r, other in zip(records, records[1:] + records[:1]):
         gold = "<think>\n" + render_completion(r["reasoning"], r["response"])
@@ -64,8 +64,8 @@ def test_families_are_domains_with_their_own_name_and_the_boxed_verifier():
         records = generate_split(name, "val", 6, seed=0)
         assert {r["domain"] for r in records} == {name}
         assert {r["id"].split("/")[3] for r in records} <= set(datasets)
-        assert REWARDS[name] is math_reward.score
-        assert REWARDS[name]("The answer is \\boxed{" + records[0]["answer"] + "}.", records[0]["answer"]) == 1.0
+        assert verifier(name) is math_reward.score
+        assert verifier(name)("The answer is \\boxed{" + records[0]["answer"] + "}.", records[0]["answer"]) == 1.0
     with pytest.raises(ValueError, match="not a reasoning-gym family"):
         rgm.generate(np.random.default_rng(0), 1, domain="rg_nope")
 

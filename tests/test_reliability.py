@@ -167,7 +167,7 @@ def _math_cfg():
     ({"stages.grpo.optim.schedule": "cosin"}, r"config\.stages\.grpo\.optim: .*schedule='cosin' unknown"),
     ({"stages.grpo.objective": {"pg": 1.0, "kll": 0.1}}, r"config\.stages\.grpo\.objective\.kll: unknown term"),
     ({"stages.grpo.overlong": "drop"}, r"config\.stages\.grpo\.overlong='drop'"),
-    ({"stages.grpo.rewards": {"math": "maths"}}, r"config\.stages\.grpo: no reward registered for domain 'maths'"),
+    ({"stages.grpo.rewards": {"math": "maths"}}, r"config\.stages\.grpo: no reward 'maths': neither a domain \(\[.*'math'"),
     ({"stages.grpo.domains": ["code"]}, r"config\.stages\.grpo\.domains names 'code'"),
     ({"stages.grpo.kind": "ppo"}, r"config\.stages\.grpo\.kind='ppo' unknown"),
     ({"stages.grpo.init_from": "stage:grpo"}, r"config\.stages\.grpo\.init_from='stage:grpo'"),

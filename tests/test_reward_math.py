@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from nemocascade.rewards import REWARDS, get_reward
+from nemocascade.data.domains import verifier
 from nemocascade.rewards import math as math_reward
 from nemocascade.rewards.math import last_boxed, score
 
@@ -205,7 +205,6 @@ def test_last_boxed(text, expected):
 
 
 def test_registry():
-    assert REWARDS["math"] is score
-    assert get_reward("math") is score
-    with pytest.raises(KeyError, match=r"'chess'.*known domains: \[.*'math'"):
-        get_reward("chess")
+    assert verifier("math") is score  # the domain record's own
+    with pytest.raises(KeyError, match=r"'chess'.*a domain \(\[.*'math'.*rewards.REWARDS \(\[.*'swe_exec'"):
+        verifier("chess")

@@ -20,7 +20,8 @@ from nemocascade.data import domains, preference
 from nemocascade.mesh import make_mesh
 from nemocascade.models import ModelConfig, forward_hidden, init_params, param_shardings, reward_model
 from nemocascade.models.transformer import left_pad_positions
-from nemocascade.rewards import REWARDS, pref, rm_scorer
+from nemocascade.data.domains import verifier
+from nemocascade.rewards import pref, rm_scorer
 from nemocascade.run_log import RunLog
 from nemocascade.stages import common, rm
 from nemocascade.tokenizer import load_or_train
@@ -198,7 +199,7 @@ def _turn(final):
     (_turn("Walk the dog. Walk the dog."), 1 / 3),                     # off topic and repeated
 ])
 def test_proxy_judge_hand_cases(completion, expected):
-    assert REWARDS["pref"] is pref.score
+    assert verifier("pref") is pref.score
     assert pref.score(completion, SPEC) == pytest.approx(expected)
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from nemocascade.data import domains
 from nemocascade.data import swe as dswe
-from nemocascade.rewards import REWARDS
+from nemocascade.data.domains import verifier
 from nemocascade.rewards import swe as rswe
 
 T = "<think>\nthe bug is on line 2\n</think>\n"
@@ -59,7 +59,7 @@ def test_agentless_hand_worked_similarity():
 ])
 def test_agentless_score_cases(text, expected):
     assert rswe.agentless_score(text, ANSWER) == expected
-    assert REWARDS["swe"](text, ANSWER) == expected
+    assert verifier("swe")(text, ANSWER) == expected
 
 
 def test_agentless_similarity_matches_difflib_and_bad_answer():
@@ -181,7 +181,7 @@ def test_execution_score_runs_the_tests():
     assert rswe.execution_score(fenced(BUGGY), ANSWER) == 0.0
     assert rswe.execution_score(fenced("def f(x):\n    return x +"), ANSWER) == 0.0
     assert rswe.execution_score(T + FIX, ANSWER) == 0.0
-    assert REWARDS["swe_exec"](fenced(FIX), ANSWER) == 1.0
+    assert verifier("swe_exec")(fenced(FIX), ANSWER) == 1.0
 
 
 @needs_sandbox

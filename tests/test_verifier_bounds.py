@@ -7,6 +7,7 @@ alarms) or scored 1 where it should not. Their bounded cost is milliseconds, or 
 what reaches the math fallback, so 1 s leaves room for a loaded machine.
 """
 
+import dataclasses
 import gc
 import json
 import re
@@ -18,7 +19,8 @@ import numpy as np
 import pytest
 
 from nemocascade import evaluation
-from nemocascade.rewards import REWARDS, get_reward
+from nemocascade.data import domains
+from nemocascade.data.domains import verifier
 from nemocascade.rewards import instruct
 from nemocascade.rewards import math as math_reward
 from nemocascade.rewards.pool import VerifierPool
@@ -171,7 +173,7 @@ CORRECT = {  # domain -> (a completion that scores 1, its answer)
 
 @pytest.mark.parametrize("domain", sorted(CORRECT))
 def test_over_long_completion_scores_zero(domain):
-    reward = get_reward(domain)
+    reward = verifier(domain)
     completion, answer = CORRECT[domain]
     assert reward(completion, answer) == 1.0
     value, elapsed = _timed(reward, completion + PAD, answer)
@@ -205,7 +207,7 @@ ANSWERS = {"math": "5", "mcq": "B", "json": JSON_ANSWER, "tool": TOOL_ANSWER, "p
 
 def test_every_domain_bounded_on_200kb_adversarial_text():
     for domain, texts in ADVERSARIAL.items():
-        reward = REWARDS[domain]
+        reward = verifier(domain)
         for text in texts:
             value, elapsed = _timed(reward, text, ANSWERS[domain])
             assert value == 0.0 and elapsed < LIMIT_S, (domain, text[:30], value, elapsed)
@@ -231,10 +233,8 @@ def test_score_texts_counts_failures_per_call():
 
 
 def test_evaluate_reports_the_counts_beside_pass_at_1(monkeypatch):
-    from nemocascade import rewards
-
     monkeypatch.setattr(evaluation, "generate", lambda *a, **k: ([r"\boxed{5}", "x", "y"], [3, 1, 1]))
-    monkeypatch.setitem(rewards.REWARDS, "mcq", raises)
+    monkeypatch.setitem(domains.DOMAINS, "mcq", dataclasses.replace(domains.DOMAINS["mcq"], verifier=raises))
     records = [{"domain": "math", "answer": "5"}, {"domain": "mcq", "answer": "B"}, {"domain": "mcq", "answer": "C"}]
     with VerifierPool(num_workers=0, timeout_s=0.3) as pool:
         out = evaluation.evaluate(None, None, None, records, pool, batch_size=1, max_prompt_len=1,

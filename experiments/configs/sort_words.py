@@ -11,7 +11,7 @@ import ml_collections
 import numpy as np
 
 from _common import grpo_stage, multi_base, variants
-from nemocascade import chat, rewards
+from nemocascade import chat
 from nemocascade.data import domains
 from nemocascade.rewards.limits import bounded_completion
 from nemocascade.rewards.math import last_boxed
@@ -50,8 +50,7 @@ def score(completion: str, answer: str) -> float:
     return float(boxed is not None and " ".join(boxed.split()) == answer)
 
 
-domains.register_domain(domains.DomainSpec("sort_words", generate, description="sort 3-5 words"), overwrite=True)
-rewards.REWARDS["sort_words"] = score
+domains.register(domains.Domain("sort_words", generate, score, description="sort 3-5 words"), overwrite=True)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -1,6 +1,6 @@
 """Data: the domain registry, procedural domains, on-disk builds and grain input pipelines.
 
-    domains.py       DomainSpec, DOMAINS, register_domain, get_domain, split_of, generate_split
+    domains.py       Domain (generator, verifier, environment), DOMAINS, register, get_domain, verifier, split_of
     math.py          procedural arithmetic with an imperfect teacher (registers "math")
     code.py humaneval.py  procedural one-line functions (registers "code"); HumanEval as a "code" eval set
     instruct.py      procedural instruction following with a slipping teacher (registers "if")
@@ -23,8 +23,7 @@ from nemocascade.data import reasoning_gym  # noqa: F401  (registers the "rg_mat
 from nemocascade.data import longctx, mcq, structured, swe, tool  # noqa: F401  (mcq json tool longctx swe)
 from nemocascade.data import preference  # noqa: F401  (registers the "pref" domain)
 from nemocascade.data import judge_longctx, judge_pref  # noqa: F401  (judges' SFT data: pref pairs, longctx answers)
-from nemocascade.data.domains import (DOMAINS, RECORD_KEYS, DomainSpec, generate_split,
-                                      get_domain, register_domain, split_of)
+from nemocascade.data.domains import (DOMAINS, RECORD_KEYS, Domain, generate_split, get_domain, register, split_of,
+                                      verifier)
 
-__all__ = ["DOMAINS", "RECORD_KEYS", "DomainSpec", "generate_split", "get_domain",
-           "register_domain", "split_of"]
+__all__ = ["DOMAINS", "RECORD_KEYS", "Domain", "generate_split", "get_domain", "register", "split_of", "verifier"]

@@ -30,7 +30,8 @@ from typing import Callable
 
 import numpy as np
 
-from nemocascade.data.domains import DomainSpec, check_args, family_weights, register_domain, split_of
+from nemocascade.data.domains import Domain, check_args, family_weights, register, split_of
+from nemocascade.rewards import code as code_reward
 
 DOMAIN = "code"
 ENTRY_POINT = "f"
@@ -195,7 +196,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
     return records
 
 
-register_domain(DomainSpec(
+register(Domain(
     # 2: k up to 1000 (118 tasks before: the test split held 13), inputs that follow k, draws without replacement
-    name=DOMAIN, generate=generate, version="2",
+    name=DOMAIN, generate=generate, verifier=code_reward.score, version="2",
     description="procedural one-line Python functions with an imperfect (one-slip) teacher"))

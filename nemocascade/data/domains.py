@@ -1,7 +1,7 @@
 """Domain registry: every example carries its domain, and the domain picks its generator.
 
-A *domain* (``math``, later ``if``, ``code``, ...) is registered once as a :class:`DomainSpec`
-in :data:`DOMAINS`. Everything downstream (data building, rewards, teachers, metrics) looks
+A *domain* (``math``, ``if``, ``code``, ...) is registered once as a :class:`Domain` (generator, verifier,
+environment) in :data:`DOMAINS`. Everything downstream (data building, rewards, teachers, metrics) looks
 the domain up by the ``"domain"`` field of the example -- a dict lookup, never an if/elif chain
 on strings (STYLE.md).
 
@@ -32,6 +32,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from nemocascade.rewards import REWARDS
+
 RECORD_KEYS = ("domain", "prompt", "reasoning", "response", "answer", "id")
 SPLITS = ("train", "val", "test")
 # Stable per-split stream index for `split_rng`; never reorder (it would change every dataset).
@@ -39,14 +41,17 @@ _SPLIT_STREAM = {"train": 0, "test": 1, "val": 2}
 
 
 @dataclasses.dataclass(frozen=True)
-class DomainSpec:
-    """One domain's data contract.
+class Domain:
+    """One domain, registered once: its data, its verifier and (for multi-turn rollouts) its environment.
 
     Attributes:
         name: registry key; equals the ``"domain"`` field of every record it generates.
         generate: ``generate(rng: np.random.Generator, n: int, *, split="train", **opts)
             -> list[dict]`` returning ``n`` records (see module docstring), deterministic given
             ``rng`` and ``opts``; ``split`` is ``"train"``, ``"val"``, ``"test"`` or ``None`` (no filtering).
+        verifier: ``verifier(completion: str, answer: str) -> float``, a module-level function (verifier pool
+            workers unpickle it) that scores bad input 0.0 without raising (``rewards/``).
+        env: the environment (``envs.ENVS``) that answers a multi-turn episode's turns; None: one-turn only.
         version: bump whenever ``generate`` changes its output for the same inputs, so that
             cached builds (``tfds_builder.prepare``) are not silently reused.
         description: one line for humans.
@@ -54,33 +59,47 @@ class DomainSpec:
 
     name: str
     generate: Callable[..., list[dict[str, str]]]
+    verifier: Callable[[str, str], float]
+    env: str | None = None
     version: str = "1"
     description: str = ""
 
 
-DOMAINS: dict[str, DomainSpec] = {}
+DOMAINS: dict[str, Domain] = {}
 
 
-def register_domain(spec: DomainSpec, *, overwrite: bool = False) -> DomainSpec:
-    """Adds ``spec`` to :data:`DOMAINS` under ``spec.name`` and returns it.
+def register(domain: Domain, *, overwrite: bool = False) -> Domain:
+    """Adds ``domain`` to :data:`DOMAINS` under its name and returns it.
 
     Raises ``ValueError`` if the name is taken (pass ``overwrite=True`` to replace it, e.g. in
     a notebook that re-runs a cell).
     """
-    if not isinstance(spec, DomainSpec):
-        raise TypeError(f"register_domain expects a DomainSpec, got {type(spec).__name__}")
-    if spec.name in DOMAINS and not overwrite:
-        raise ValueError(f"domain {spec.name!r} is already registered; pass overwrite=True")
-    DOMAINS[spec.name] = spec
-    return spec
+    if not isinstance(domain, Domain):
+        raise TypeError(f"domains.register expects a Domain, got {type(domain).__name__}")
+    if domain.name in DOMAINS and not overwrite:
+        raise ValueError(f"domain {domain.name!r} is already registered; pass overwrite=True")
+    DOMAINS[domain.name] = domain
+    return domain
 
 
-def get_domain(name: str) -> DomainSpec:
-    """Returns the registered spec; ``KeyError`` listing the known domains otherwise."""
+def get_domain(name: str) -> Domain:
+    """Returns the registered domain; ``KeyError`` listing the known domains otherwise."""
     try:
         return DOMAINS[name]
     except KeyError:
         raise KeyError(f"unknown domain {name!r}; known domains: {sorted(DOMAINS)}") from None
+
+
+def verifier(key: str) -> Callable[[str, str], float]:
+    """The reward function `key` names: a domain's own verifier, or one of ``rewards.REWARDS`` (verifiers a stage
+    may train with instead, ``stages.<name>.rewards``); KeyError naming both otherwise."""
+    if key in DOMAINS:
+        return DOMAINS[key].verifier
+    try:
+        return REWARDS[key]
+    except KeyError:
+        raise KeyError(f"no reward {key!r}: neither a domain ({sorted(DOMAINS)}) nor one of rewards.REWARDS "
+                       f"({sorted(REWARDS)})") from None
 
 
 def split_of(key: str, test_every: int = 10) -> str:

@@ -37,7 +37,8 @@ import re
 
 import numpy as np
 
-from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
+from nemocascade.data.domains import Domain, check_args, register, split_of
+from nemocascade.rewards import instruct as instruct_reward
 from nemocascade.rewards.instruct import check_all, count_words, split_sentences
 
 DOMAIN = "if"
@@ -452,6 +453,6 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
     return records
 
 
-register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="2",  # 2: the id carries the problem key (evaluation's unit)
+register(Domain(
+    name=DOMAIN, generate=generate, verifier=instruct_reward.score, version="2",  # 2: the id carries the problem key (evaluation's unit)
     description="procedural instruction following (IFEval-style constraints) with a slipping teacher"))

@@ -17,7 +17,8 @@ import re
 import numpy as np
 
 from nemocascade.data import longctx
-from nemocascade.data.domains import DomainSpec, check_args, register_domain
+from nemocascade.data.domains import Domain, check_args, register
+from nemocascade.rewards import verdict
 from nemocascade.data.math import response_text
 from nemocascade.rewards.verdict import REFERENCE_OPTIONS, judging_record, reference_instruction
 
@@ -41,6 +42,6 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
     return records
 
 
-register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="1",
+register(Domain(
+    name=DOMAIN, generate=generate, verifier=verdict.score, version="1",
     description="check a longctx response against the reference answer (an answer judge's SFT data)"))

@@ -21,7 +21,8 @@ import json
 import numpy as np
 
 from nemocascade.data import preference
-from nemocascade.data.domains import DomainSpec, check_args, register_domain
+from nemocascade.data.domains import Domain, check_args, register
+from nemocascade.rewards import verdict
 from nemocascade.rewards.verdict import PAIR_OPTIONS, judging_record, pair_instruction
 
 DOMAIN = "judge_pref"
@@ -50,6 +51,6 @@ def rejected_kind(record: dict) -> str:
     return record["id"].split("/")[-2]
 
 
-register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="2",
+register(Domain(
+    name=DOMAIN, generate=generate, verifier=verdict.score, version="2",
     description="judge which of a 'pref' request's two answers is better (a generative judge's SFT data)"))

@@ -41,7 +41,8 @@ from __future__ import annotations
 import numpy as np
 
 from nemocascade.data.math import response_text
-from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
+from nemocascade.data.domains import Domain, check_args, register, split_of
+from nemocascade.rewards import math as math_reward
 
 DOMAIN = "longctx"
 MAX_FACTS = 1600  # codes are distinct 3-digit numbers: at most 900 boxes, each with one code line
@@ -122,6 +123,6 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
     return records
 
 
-register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="1",
+register(Domain(
+    name=DOMAIN, generate=generate, verifier=math_reward.score, version="1",
     description="long-context retrieval / 2-hop QA over many box facts (teacher reads the wrong line)"))

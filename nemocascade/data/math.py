@@ -33,7 +33,8 @@ from typing import Callable
 
 import numpy as np
 
-from nemocascade.data.domains import DomainSpec, check_args, family_weights, register_domain, split_of
+from nemocascade.data.domains import Domain, check_args, family_weights, register, split_of
+from nemocascade.rewards import math as math_reward
 
 DOMAIN = "math"
 OPS = ("+", "-", "*")
@@ -282,6 +283,6 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
     return records
 
 
-register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="1",
+register(Domain(
+    name=DOMAIN, generate=generate, verifier=math_reward.score, version="1",
     description="procedural arithmetic with an imperfect (carry-forgetting) teacher"))

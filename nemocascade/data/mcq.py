@@ -33,7 +33,8 @@ from typing import Callable
 import numpy as np
 
 from nemocascade.data import math as dmath
-from nemocascade.data.domains import DomainSpec, check_args, family_weights, register_domain, split_of
+from nemocascade.data.domains import Domain, check_args, family_weights, register, split_of
+from nemocascade.rewards import mcq as mcq_reward
 
 DOMAIN = "mcq"
 LETTERS = "ABCD"
@@ -219,9 +220,9 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
     return records
 
 
-register_domain(DomainSpec(
+register(Domain(
     # 3: the trace checks the options in order up to the chosen one ("A 61 no, B 71 yes; so B"). With "so B"
     # alone (1) a small model named the right option and wrote the wrong letter (cascade_demo's SFT: 22.8%,
     # chance), and with the options restated as "71 (B)" and "so 71 (B)" (2) it wrote "C" almost always (27.7%)
-    name=DOMAIN, generate=generate, version="3",
+    name=DOMAIN, generate=generate, verifier=mcq_reward.score, version="3",
     description="procedural STEM multiple choice (A-D) with a systematically slipping teacher"))

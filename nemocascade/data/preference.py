@@ -39,7 +39,8 @@ import json
 
 import numpy as np
 
-from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
+from nemocascade.data.domains import Domain, check_args, register, split_of
+from nemocascade.rewards import pref as pref_reward
 from nemocascade.rewards import pref as judge
 
 DOMAIN = "pref"
@@ -322,6 +323,6 @@ def compound_request(rng, kind_names, kind_p, split, test_every: int, teacher_er
             "response": padded if slipped else chosen, "answer": json.dumps(answer), "id": key}
 
 
-register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="2",
+register(Domain(
+    name=DOMAIN, generate=generate, verifier=pref_reward.score, version="2",
     description="chat preferences: chosen vs verbose / repetitive / off-topic / unhelpful answers (RLHF)"))

@@ -21,7 +21,8 @@ import functools
 
 import numpy as np
 
-from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
+from nemocascade.data.domains import Domain, check_args, register, split_of
+from nemocascade.rewards import math as math_reward
 
 DOMAIN = "rg_math"
 DEFAULT_DATASETS = ("gsm_symbolic", "basic_arithmetic", "chain_sum")
@@ -111,5 +112,5 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
 
 
 for _name, (_datasets, _description) in FAMILIES.items():
-    register_domain(DomainSpec(name=_name, generate=functools.partial(generate, domain=_name), version="2",
-                               description=_description))
+    register(Domain(name=_name, generate=functools.partial(generate, domain=_name), verifier=math_reward.score,
+                    version="2", description=_description))

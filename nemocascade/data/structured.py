@@ -28,7 +28,8 @@ import json
 import numpy as np
 
 from nemocascade.data.math import NAMES
-from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
+from nemocascade.data.domains import Domain, check_args, register, split_of
+from nemocascade.rewards import structured as structured_reward
 
 DOMAIN = "json"
 # key -> (kind, the values a fact may take); kind is a JSON Schema type, "enum" or "list".
@@ -120,6 +121,6 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
     return records
 
 
-register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="1",
+register(Domain(
+    name=DOMAIN, generate=generate, verifier=structured_reward.score, version="1",
     description="structured output: fill a small JSON schema from facts (teacher copies an extra fact)"))

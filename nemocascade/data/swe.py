@@ -36,7 +36,8 @@ import json
 
 import numpy as np
 
-from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
+from nemocascade.data.domains import Domain, check_args, register, split_of
+from nemocascade.rewards import swe as swe_reward
 
 DOMAIN = "swe"
 LIST_NAMES = ("xs", "nums", "vals", "data")
@@ -228,9 +229,10 @@ def generate_retries(rng: np.random.Generator, n: int, **opts) -> list[dict]:
 
 
 RETRY_DOMAIN = "swe_retry"
-register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="2",  # 2: problem keys that identify the problem
+register(Domain(
+    name=DOMAIN, generate=generate, verifier=swe_reward.agentless_score, env="swe_repair",
+    version="2",  # 2: problem keys that identify the problem
     description="SWE repair: fix one injected bug in a small function (teacher mis-repairs some bugs)"))
-register_domain(DomainSpec(
-    name=RETRY_DOMAIN, generate=generate_retries, version="1",
+register(Domain(
+    name=RETRY_DOMAIN, generate=generate_retries, verifier=swe_reward.agentless_score, version="1",
     description="SWE repair, second turn: the problem, a failed first repair and the tests' answer, then the fix"))

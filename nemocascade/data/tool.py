@@ -27,7 +27,8 @@ import json
 import numpy as np
 
 from nemocascade.data.math import ITEMS, NAMES
-from nemocascade.data.domains import DomainSpec, check_args, register_domain, split_of
+from nemocascade.data.domains import Domain, check_args, register, split_of
+from nemocascade.rewards import tool as tool_reward
 
 DOMAIN = "tool"
 # Value lists large enough that every tool has about 700-1500 distinct requests, ~10% of them held out for test and
@@ -129,6 +130,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
     return records
 
 
-register_domain(DomainSpec(
-    name=DOMAIN, generate=generate, version="3",  # 2: only integers >= 10 are quoted; 3: ~7000 requests, not 492
+register(Domain(
+    # 2: only integers >= 10 are quoted; 3: ~7000 requests, not 492
+    name=DOMAIN, generate=generate, verifier=tool_reward.score, env="tool_exec", version="3",
     description="tool calling: pick the tool and typed arguments (teacher quotes integers)"))

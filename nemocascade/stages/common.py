@@ -26,7 +26,6 @@ from nemocascade.configs import stage_order
 from nemocascade.errors import Diverged, RunStop
 from nemocascade.mesh import replicated, shard_batch, to_host
 from nemocascade.models import ModelConfig
-from nemocascade.rewards import get_reward
 from nemocascade.run_log import RunLog, progress
 
 COMMON_DEFAULTS = dict(
@@ -38,7 +37,7 @@ COMMON_DEFAULTS = dict(
     # "reset": a fresh optimiser state; "keep": Adam moments from the stage this one starts from (its
     # learning-rate schedule still starts at its own step 0)
     optimizer_policy="reset",
-    rewards={},  # domain -> REWARDS key, overriding the domain's own reward for this stage's training
+    rewards={},  # domain -> a rewards.REWARDS key (or another domain), instead of the domain's own verifier
     # a step whose loss, gradient norm or new params are not finite is skipped (params and optimiser state
     # unchanged, `skipped_nonfinite` = 1 in its metrics row); this many in a row stop the run (errors.Diverged)
     max_nonfinite_steps=3,
@@ -127,7 +126,7 @@ def stage_rewards(stage) -> dict:
     for d in stage.rewards:
         if d not in stage.domains:
             raise ValueError(f"stage rewards names domain {d!r}, not one of the stage's domains {list(stage.domains)}")
-    return {d: get_reward(stage.rewards.get(d, d)) for d in stage.domains}
+    return {d: domains.verifier(stage.rewards.get(d, d)) for d in stage.domains}
 
 
 def prompt_stream(ctx: RunContext, name: str, stage, records: list[dict] | None = None):
