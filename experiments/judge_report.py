@@ -77,8 +77,8 @@ def report(workdir: str, before: str, after: str, judge_ref: str, n: int) -> dic
         failed[which] = {name: sum(not c[name] for c in passed) for name in pref.CHECKS}
     truth_win = np.where(truth["after"] > truth["before"], 1.0, np.where(truth["after"] < truth["before"], 0.0, 0.5))
 
-    stage = next((s for s in cfg.stages.values() if s.get("judge") == judge_ref), None)
-    kw = dict(max_len=stage.judge_max_len, batch_size=stage.judge_batch_size) if stage is not None else {}
+    stage = next((s for s in cfg.stages.values() if s.get("reward", {}).get("judge") == judge_ref), None)
+    kw = dict(max_len=stage.reward.judge_max_len, batch_size=stage.reward.judge_batch_size) if stage is not None else {}
     judge = judge_lib.Judge(params_of(judge_ref), model_cfg, tokenizer, thinking=cfg.thinking, mesh=mesh, **kw)
     finals = [[rm_scorer.final_text(a), rm_scorer.final_text(b)] for a, b in zip(answers["after"], answers["before"])]
     prefs, pair_stats = judge_lib.pairwise_preferences_batch(judge, [r["prompt"] for r in records], finals)

@@ -46,14 +46,14 @@ def test_the_cascades_use_the_papers_orders():
     assert c2 == ["sft", "if_rl", "multi_rl", "mopd", "rlhf", "longctx_rl", "code_rl", "swe_agentless", "swe_exec"]
     # C2's judges are language models (the SFT checkpoint, trained on the judges' domains too); C1's RLHF a BT RM
     for name in ("rlhf", "rlhf_branch"):
-        assert (cfg.stages[name].judge, cfg.stages[name].reward_mode) == ("stage:sft", "pairwise")
-    assert (cfg.stages.longctx_rl.judge, cfg.stages.longctx_rl.reward_mode) == ("stage:sft", "reference")
+        assert (cfg.stages[name].reward.judge, cfg.stages[name].reward.mode) == ("stage:sft", "pairwise")
+    assert (cfg.stages.longctx_rl.reward.judge, cfg.stages.longctx_rl.reward.mode) == ("stage:sft", "reference")
     assert {"judge_pref", "judge_longctx"} <= set(cfg.stages.sft.domains)
     c1cfg = configs.load("cascade_c1")
     c1 = list(configs.stage_order(c1cfg))
     assert c1 == ["sft", "rm", "rlhf", "if_rl", "math_rl", "code_rl", "swe_agentless", "swe_exec"]
-    assert (c1cfg.stages.rlhf.reward_model, c1cfg.stages.rlhf.reward_mode, c1cfg.stages.rlhf.judge) == (
-        "rm", "scalar", "")
+    r = c1cfg.stages.rlhf.reward
+    assert (r.source, r.model, r.mode, r.judge) == ("reward_model", "rm", "scalar", "")
 
 
 # METHOD.md "Paper defaults per stage" (Cascade 2 Tab. 8-10), written out here independently of the configs'

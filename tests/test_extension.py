@@ -150,6 +150,6 @@ def test_the_readmes_reward_source_example_scores_a_stage(monkeypatch):
     rewards = scorer([{}, {}], ["t"] * 8, lengths)
     np.testing.assert_array_equal(rewards, [[0, 1, 1, 0], [1, 1, 1, 1]])  # by hand: the shortest per group
     assert scorer.take_metrics() == {"shortest_calls": 1}
-    cfg.stages.grpo.reward_source = "shortst"
-    with pytest.raises(Exception, match="reward_source='shortst': no such source"):
+    cfg.stages.grpo.reward.source = "shortst"
+    with pytest.raises(Exception, match=r"config\.stages\.grpo\.reward\.source='shortst': no such source"):
         cascade.validate(cfg)

@@ -201,23 +201,24 @@ def test_judge_pref_domain_orders_reward_and_noisy_labeller():
 def test_stage_check_names_bad_judge_settings():
     from nemocascade.stages import common, grpo, onpolicy
 
-    def problems(**kw):
-        stage = common.stage_config("grpo", grpo.DEFAULTS, domains=["pref"], steps=2, **kw)
+    def problems(**reward):
+        stage = common.stage_config("grpo", grpo.DEFAULTS, domains=["pref"], steps=2, reward=reward)
         return "\n".join(onpolicy.check(stage, {"sft": common.stage_config("sft", {}, domains=["pref"])}))
 
-    judge = dict(reward_source="judge", reward_mode="pairwise")
+    judge = dict(source="judge", mode="pairwise")
     assert "judge" not in problems(judge="stage:sft", **judge)
-    assert "reward_model='sft': read only by reward_source='reward_model'" in problems(
-        judge="stage:sft", reward_model="sft", **judge)
-    assert "judge='stage:sft': read only by reward_source='judge', not by the stage's 'verifier'" in problems(
+    assert "reward.model='sft': read only by reward.source='reward_model'" in problems(
+        judge="stage:sft", model="sft", **judge)
+    assert "reward.judge='stage:sft': read only by reward.source='judge', not by the stage's 'verifier'" in problems(
         judge="stage:sft")
-    assert "reward_mode must be 'pairwise'" in problems(judge="stage:sft", reward_source="judge")
+    assert "reward.mode must be 'pairwise'" in problems(judge="stage:sft", source="judge")
     assert "no earlier stage 'rm'" in problems(judge="stage:rm", **judge)
     assert "choose 'stage:NAME'" in problems(judge="sft", **judge)
-    assert "judge_mode='vote'" in problems(judge="gguf", judge_mode="vote", **judge)
-    assert "reward_mode='reference': read by reward_source" in problems(reward_mode="reference")
-    assert "reward_source='judg': no such source; registered: ['judge', 'reward_model', 'verifier']" in problems(
-        reward_source="judg")
+    assert "reward.judge_mode='vote'" in problems(judge="gguf", judge_mode="vote", **judge)
+    assert "reward.mode='reference': read by reward.source" in problems(mode="reference")
+    assert "reward.source='judg': no such source; registered: ['judge', 'reward_model', 'verifier']" in problems(
+        source="judg")
+    assert "reward.judgee: unknown key" in problems(judgee="gguf")
 
 
 @pytest.mark.slow  # ~145 s; the judge's verdicts, both orders and the aggregation are pinned by the tests above

@@ -26,7 +26,7 @@ _spec.loader.exec_module(c2)
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = c2.base("cascade_c1", arg)
-    c.stages.rlhf.update(reward_mode="scalar", conciseness_bonus=0.0)  # C1: a scalar BT reward model
+    c.stages.rlhf.reward.update(mode="scalar", conciseness_bonus=0.0)  # C1: a scalar BT reward model
     c.stages.math_rl = grpo_stage(["math"], 24, **c2.RL)
     c.stage_order = ("sft", "rm", "rlhf", "if_rl", "math_rl", "code_rl", "swe_agentless", "swe_exec")
     c2.finish(c, arg)

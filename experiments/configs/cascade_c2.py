@@ -53,7 +53,7 @@ def base(name: str, arg: str | None) -> ml_collections.ConfigDict:
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=70, weight_decay=0.01, min_lr_frac=0.05))
     c.stages.rm = common.stage_config("rm", rm.DEFAULTS, domains=["pref"], steps=100, batch_size=32, seq_len=96,
                                       checkpoint_every=50, optim=dict(lr=1e-3, warmup_steps=10, schedule="cosine"))
-    rlhf = dict(reward_source="reward_model", reward_model="rm", reward_mode="pairwise", conciseness_bonus=0.1,
+    rlhf = dict(reward=dict(source="reward_model", model="rm", mode="pairwise", conciseness_bonus=0.1),
                 dynamic_filter=False)  # KL 0.03
     c.stages.rlhf = grpo_stage(["pref"], 20, **RL, **rlhf)
     c.stages.if_rl = grpo_stage(["if"], 24, **RL)
@@ -89,7 +89,7 @@ def shrink(c: ml_collections.ConfigDict) -> None:
 # Cascade 2's judges are language models: the SFT also learns to judge (which of a pref pair is better; does a
 # longctx response give the reference answer), and that checkpoint judges RLHF (pairwise GenRM) and long-context RL
 JUDGES = {"judge_pref": dict(teacher_error_rate=0.0), "judge_longctx": dict(teacher_error_rate=0.0, num_facts=8)}
-JUDGE = dict(reward_source="judge", judge="stage:sft", judge_max_len=352, judge_batch_size=128)
+JUDGE = dict(source="judge", judge="stage:sft", judge_max_len=352, judge_batch_size=128)  # stages' `reward` keys
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -99,8 +99,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.data.domains.judge_pref.max_prompt_len = 192  # a request and two answers
     c.data.domains.judge_longctx.max_prompt_len = 320  # the longctx context, the reference and a response
     c.stages.sft.domains = list(c.stages.sft.domains) + list(JUDGES)
-    c.stages.rlhf.update(reward_model="", **JUDGE)  # pairwise GenRM (reward_mode, conciseness bonus: base's)
-    c.stages.longctx_rl.update(reward_mode="reference", **JUDGE)
+    c.stages.rlhf.reward.update(model="", **JUDGE)  # pairwise GenRM (mode, conciseness bonus: base's)
+    c.stages.longctx_rl.reward.update(mode="reference", **JUDGE)
     c.stages.rlhf_branch = ml_collections.ConfigDict(c.stages.rlhf.to_dict())
     c.stages.rlhf_branch.update(init_from="stage:sft", side_branch=True)
     c.stages.multi_rl = grpo_stage(["mcq", "json", "tool"], 24, **RL)  # merged: short, cheap verifiers (METHOD.md)

@@ -39,8 +39,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         checkpoint_every=100, eval_every=200, eval_n=64,
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=40, weight_decay=0.01, min_lr_frac=0.05))
     c.stages.rlhf = grpo_stage(["pref"], 20, prompts_per_step=8, group_size=8, eval_every=10, dynamic_filter=False,
-                               reward_source="judge", judge="stage:sft", reward_mode="pairwise",
-                               conciseness_bonus=0.1, judge_max_len=352, judge_batch_size=112,
+                               reward=dict(source="judge", judge="stage:sft", mode="pairwise", conciseness_bonus=0.1,
+                                           judge_max_len=352, judge_batch_size=112),
                                length_curriculum=((0, 64),))
     c.stage_order = ("sft", "rlhf")
     if "judge_branch" in tags:  # [ours] a judge trained further: 300 more steps on judge_pref alone, a side branch
@@ -48,7 +48,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             "sft", sft.DEFAULTS, domains=["judge_pref"], steps=300, batch_size=16, seq_len=288, pack=True,
             checkpoint_every=100, eval_every=0, init_from="stage:sft", side_branch=True,
             optim=dict(lr=1e-3, schedule="cosine", warmup_steps=30, weight_decay=0.01, min_lr_frac=0.05))
-        c.stages.rlhf.judge = "stage:judge_sft"
+        c.stages.rlhf.reward.judge = "stage:judge_sft"
         c.stage_order = ("sft", "judge_sft", "rlhf")
     if "tiny" in tags:
         c.model.update(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=192)
@@ -58,7 +58,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.eval.update(n=8, val_n=8, batch_size=16, avg_k=2)
         c.stages.sft.update(steps=20, eval_every=0, checkpoint_every=20)
         c.stages.rlhf.update(steps=2, prompts_per_step=2, group_size=3, eval_every=0, checkpoint_every=2,
-                             judge_batch_size=12)
+                             reward=dict(judge_batch_size=12))
         if "judge_sft" in c.stages:
             c.stages.judge_sft.update(steps=10, checkpoint_every=10)
     return c

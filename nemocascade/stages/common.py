@@ -96,16 +96,16 @@ class RunContext:
 
 
 def stage_config(kind: str, kind_defaults: dict, **overrides) -> ml_collections.ConfigDict:
-    """A stage's ConfigDict: common keys + the kind's defaults + `optim`, then `overrides` (`optim` and `lora`
-    update their dicts). Unknown keys are an error naming them (ConfigDict is locked); unknown keys inside `optim`
-    and `lora` are reported by validation, naming the stage."""
+    """A stage's ConfigDict: common keys + the kind's defaults + `optim`, then `overrides` (`optim`, `lora` and
+    `reward` update their dicts). Unknown keys are an error naming them (ConfigDict is locked); unknown keys inside
+    `optim` and `lora` are reported by validation, naming the stage."""
     cfg = ml_collections.ConfigDict({**COMMON_DEFAULTS, **kind_defaults, "kind": kind,
                                      "optim": dict(optim.DEFAULTS)})
     cfg.domains = list(cfg.domains)
     for key, value in overrides.items():
         if key not in cfg:
             raise KeyError(f"stage of kind {kind!r} has no key {key!r}; keys: {sorted(cfg.keys())}")
-        if key in ("optim", "lora"):
+        if key in ("optim", "lora", "reward"):
             cfg[key].update(value)
         else:
             cfg[key] = value

@@ -13,7 +13,7 @@ Each step, strictly on-policy (METHOD.md "GRPO as used in every RL stage", "MOPD
      when a term reads them).
 
 What differs between kinds is only configuration: GRPO `objective=dict(pg=1, kl=...)` with `rewards` (RLHF:
-`reward_source="reward_model"`, `reward_model=` an earlier `rm` stage); MOPD `objective=dict(mopd=1)`,
+`reward=dict(source="reward_model", model=` an earlier `rm` stage`)`); MOPD `objective=dict(mopd=1)`,
 `aggregation="seq_mean_token_mean"`, no reward, a learning rate warming up from 0.1x. Any mixture of terms is
 one config away.
 
@@ -58,17 +58,8 @@ DEFAULTS = dict(
     teachers={},  # domain -> checkpoint name for teacher terms; a domain not listed uses "best:<domain>"
     dynamic_filter=False, refill_rounds=3, overlong="none", mask_if_max_reward_below=-1.0,
     epoch_filter=False,  # C1's epoch filter (rl/filters.py EpochFilter, its readmission rates)
-    # what scores rollouts (stages/reward_sources.py): "verifier" (each domain's), "reward_model" or "judge"
-    reward_source="verifier",
-    # RLHF (METHOD.md "Rewards per domain"): the BT reward model an earlier `rm` stage trained, on the text after
-    # </think>; "scalar" = its score, "pairwise" = Cascade 2's aggregation (mean Pr(i beats j) over the group,
-    # ties broken by ranking, optional quality-gated conciseness bonus)
-    reward_model="", reward_mode="scalar", conciseness_bonus=0.0, quality_gate=0.5,
-    # reward_source="judge": a generative judge (rewards/judge.py), a frozen causal LM on the policy's mesh:
-    # "stage:NAME" / "best:DOMAIN" (a checkpoint of this run), "gguf" (SmolLM2-135M-Instruct), "gguf:PATH", "hf:PATH".
-    # reward_mode "pairwise": C2's GenRM (every pair of a group judged in both orders, then the aggregation
-    # above); "reference": Pr(the response gives the record's answer), C2's long-context judge
-    judge="", judge_mode="logprob", judge_max_len=384, judge_batch_size=64,
+    # what scores rollouts: read by stages/reward_sources.py alone (its REWARD_DEFAULTS)
+    reward=dict(reward_sources.REWARD_DEFAULTS),
     # multi-turn rollouts (rl/episodes.py, nemocascade/envs.py): > 1 turns, each domain's environment answers every
     # turn (its tests' output, a tool's result) and rewards the episode; the verifiers above are not used
     max_turns=1, envs={},  # domain -> environment name (default: the domain's own, Domain.env)
@@ -85,7 +76,7 @@ DEFAULTS = dict(
 
 def check(stage, earlier: dict) -> list[str]:
     """What is wrong with an on-policy stage's settings, as `key: problem` lines (empty: fine); run at
-    validation. `earlier`: the stages before it (`reward_model` must name one of kind "rm")."""
+    validation. `earlier`: the stages before it (`reward.model` must name one of kind "rm")."""
     B, G = stage.prompts_per_step, stage.group_size
     bad = objectives.problems(stage.objective, stage.aggregation, stage)
     trains_on_rewards = "advantages" in objectives.needs(stage.objective)
@@ -125,8 +116,8 @@ def episode_problems(stage) -> list[str]:
             if e not in envs.ENVS]
     bad += [f"envs names domain {d!r}, not one of the stage's domains {list(stage.domains)}" for d in stage.envs
             if d not in stage.domains]
-    bad += [f"max_turns={stage.max_turns}: the environment rewards episodes; reward_source={stage.reward_source!r} "
-            "cannot"] if stage.reward_source != "verifier" else []
+    bad += [f"max_turns={stage.max_turns}: the environment rewards episodes; reward.source={stage.reward.source!r} "
+            "cannot"] if stage.reward.source != "verifier" else []
     bad += [f"max_total_tokens={stage.max_total_tokens} must be 0 or >= max_new_tokens={stage.max_new_tokens}"] if (
         0 < stage.max_total_tokens < stage.max_new_tokens) else []
     bad += [f"max_obs_tokens={stage.max_obs_tokens} must be >= 16"] if stage.max_obs_tokens < 16 else []
@@ -140,8 +131,8 @@ def prefilter_problems(stage) -> list[str]:
     bad += [f"prefilter_samples={stage.prefilter_samples} must be >= 1"] if stage.prefilter_samples < 1 else []
     bad += [f"prefilter_drop_unsolved={stage.prefilter_drop_unsolved} must lie in [0, 1]"] if not (
         0 <= stage.prefilter_drop_unsolved <= 1) else []
-    bad += [f"prefilter_prompts: the filter counts verifier / environment solves; reward_source="
-            f"{stage.reward_source!r} scores instead"] if stage.reward_source != "verifier" else []
+    bad += [f"prefilter_prompts: the filter counts verifier / environment solves; reward.source="
+            f"{stage.reward.source!r} scores instead"] if stage.reward.source != "verifier" else []
     return bad
 
 
