@@ -47,7 +47,7 @@ def main():
              "mask": spec((n, L - 1), jnp.float32), "sampler_logp": spec((n, L - 1), jnp.float32),
              "domain_idx": spec((n,), jnp.int32), "rewards": spec((n // G, G), jnp.float32),
              "truncated": spec((n // G, G), jnp.bool_)}
-    objective = objectives.build({"pg": 1.0, "kl": 0.03}, "token_mean", {"kl_estimator": "k3"})
+    objective = objectives.build(dict(terms={"pg": 1.0, "kl": 0.03}))
     roles = update.FrozenRoles(cfg, objective.needs, reference=params)
     step = functools.partial(update.policy_update, model_cfg=cfg, tx=tx, objective=objective)
     ref = roles._logp.lower(params, batch).compile()

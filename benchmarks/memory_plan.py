@@ -145,7 +145,7 @@ def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes, judge: str =
                           resident["policy_state"] - _bytes(params) + resident["reference"] + resident["teachers"]
                           + judge_b)
 
-    objective = objectives.build({"pg": 1.0}, "token_mean", {})
+    objective = objectives.build(dict(terms={"pg": 1.0}))
     step = jax.jit(functools.partial(update.policy_update, model_cfg=cfg, tx=tx, objective=objective,
                                      micro_batches=shapes.micro_batches), donate_argnums=0)
     batch = {"tokens": batch_of(rows, (width,), jnp.int32), "valid": batch_of(rows, (width,), jnp.bool_),

@@ -53,7 +53,7 @@ from nemocascade import mesh as mesh_lib  # noqa: E402
 from nemocascade.data import pipeline  # noqa: E402
 from nemocascade.models import gguf, hf  # noqa: E402
 from nemocascade.rl import rollouts, update  # noqa: E402
-from nemocascade.stages import common, onpolicy  # noqa: E402
+from nemocascade.stages import common  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GRPO_PROMPTS = [f"Question {i}: what is {7 * i + 3} plus {11 * i + 5}? Think step by step, then answer."
@@ -136,8 +136,7 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
     P, G, N = (int(x) for x in shape.split("x"))
     rl = kind in ("grpo", "genrm")
     spec = dict(pg=1.0) if rl else dict(mopd=1.0)
-    settings = dict(onpolicy.DEFAULTS)
-    objective = objectives.build(spec, "token_mean" if rl else "seq_mean_token_mean", settings)
+    objective = objectives.build(dict(terms=spec, aggregation="token_mean" if rl else "seq_mean_token_mean"))
     judge = None
     if kind == "genrm":  # the judging prompt quotes the prompt and two responses of up to N tokens
         from nemocascade.rewards import judge as judge_lib, rm_scorer

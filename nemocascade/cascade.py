@@ -32,7 +32,7 @@ from nemocascade.models import ModelConfig, count_params, init_params, init_shar
 from nemocascade.models.pretrained import load as load_pretrained
 from nemocascade.rewards.pool import VerifierPool
 from nemocascade.run_log import RunLog, load_metrics
-from nemocascade.stages import common, kinds
+from nemocascade.stages import common, kinds, reward_sources
 from nemocascade.tokenizer import load_or_train
 
 CURVE_KEYS = ("loss", "reward", "response_len")  # and every quick-eval key (eval/<domain>/pass@1) a stage logged
@@ -100,12 +100,12 @@ def _validate_stage(cfg, name, stage, earlier, batch_axis) -> None:
     if stage.lora.rank and stage.optimizer_policy == "keep":
         problems.append(f"lora.rank={stage.lora.rank}: a LoRA stage trains fresh adapters, so there are no Adam "
                         "moments to keep (optimizer_policy='keep'); use 'reset'")
-    for key in ("batch_size", "prompts_per_step"):
-        if key in stage and stage[key] >= 1:
-            rows = stage[key] * (stage.group_size if key == "prompts_per_step" else 1)
-            if rows % batch_axis:
-                problems.append(f"{key}: a global batch of {rows} rows does not split over the mesh's "
-                                f"{batch_axis} data x fsdp devices")
+    rows = (stage.batch_size if "batch_size" in stage else
+            stage.rollout.prompts_per_step * stage.rollout.group_size if "rollout" in stage else 0)
+    if rows >= 1 and rows % batch_axis:
+        key = "batch_size" if "batch_size" in stage else "rollout.prompts_per_step"
+        problems.append(f"{key}: a global batch of {rows} rows does not split over the mesh's "
+                        f"{batch_axis} data x fsdp devices")
     if problems:
         raise BadInput(f"{at}.{problems[0]}" + (f" (and {len(problems) - 1} more: "
                                                 f"{'; '.join(problems[1:])})" if len(problems) > 1 else ""))
@@ -116,7 +116,7 @@ def _validate_stage(cfg, name, stage, earlier, batch_axis) -> None:
     try:
         if kind.teacher_refs:
             refs |= {f"teachers.{d}": r for d, r in kind.teacher_refs(stage).items()}
-        common.stage_rewards(stage)  # unknown reward names fail here, not mid-run
+        reward_sources.verifiers(stage)  # unknown verifier names fail here, not mid-run
     except (KeyError, ValueError) as err:
         raise BadInput(f"{at}: {err.args[0] if err.args else err}") from None
     for key, ref in refs.items():
@@ -296,7 +296,7 @@ def _run_locked(cfg, workdir, config_name, variant, changes, redo_from=None) -> 
         ckpt_dir = os.path.join(workdir, "checkpoints")
         if redo_from:
             _redo_from(ctx, redo_from, changes)
-        named_checkpoints.check_manifest(ckpt_dir, named_checkpoints.manifest(cfg, common.stage_rewards, _teacher_refs))
+        named_checkpoints.check_manifest(ckpt_dir, named_checkpoints.manifest(cfg, reward_sources.verifiers, _teacher_refs))
         workdir_lib.save_config(workdir, cfg.to_dict())  # every resume check passed: this is the run's config now
         if changes:
             ctx.log.record_config_changes(changes)

@@ -76,7 +76,6 @@ STAGE_KEYS = {
     "init_from": "where it starts: \"\" the main line's last stage, or stage:NAME / best:DOMAIN",
     "side_branch": "does not advance the main line (an arm from a checkpoint)",
     "optimizer_policy": "reset: fresh optimiser state; keep: Adam moments from the stage it starts from",
-    "rewards": "domain -> reward function overriding the domain's own for this stage",
     "max_nonfinite_steps": "non-finite steps are skipped; this many in a row stop the run",
     "lora.rank": "LoRA rank (0: every param trains)", "lora.alpha": "LoRA scale (alpha / rank)",
     "lora.targets": "regex of the matrices that get adapters",
@@ -87,30 +86,33 @@ STAGE_KEYS = {
     "optim.freeze": "regexes of params that do not train",
     "seq_len": "tokens per training row", "batch_size": "rows (SFT) or pairs (RM) per step",
     "pack": "pack whole examples into each row (attention stays within an example)",
-    "mix": "domain -> weight of its share of the stream (unnamed domains 1; {} equal)",
+    "mix": "SFT: domain -> weight of its share of the stream (unnamed domains 1; {} equal)",
     "margin": "Bradley-Terry margin (0: the plain loss)", "head_std": "init std of the reward head (0: zeros)",
     "eval_pairs": "held-out preference pairs the reward model is scored on",
-    "max_prompt_len": "prompt limit in tokens (0: eval.max_prompt_len)",
-    "prompts_per_step": "prompts per RL step", "group_size": "rollouts per prompt (GRPO's group)",
-    "micro_batches": "gradient accumulation: the step's rollouts in this many pieces (same result)",
-    "score_overlap": "score rollouts in this many chunks while the next chunk generates (1: no overlap)",
-    "max_new_tokens": "response limit (used when length_curriculum is empty)",
-    "length_curriculum": "((from_step, max_new_tokens), ...): the response limit by step (C1 math RL)",
-    "temperature": "sampling temperature", "top_p": "nucleus sampling", "top_k": "top-k sampling (0: off)",
-    "objective.<term>": "weight of an objective term (a float, 0 = off, or an optax schedule dict): pg, kl, "
-                        "entropy, mopd, forward_kl, reverse_kl, gjsd, or one an experiment registers",
-    "aggregation": "token_mean (DAPO), seq_mean_token_mean or constant (Dr. GRPO)",
-    "kl_estimator": "term kl: k1, k2 or k3", "is_low": "term mopd: importance band, low end",
-    "is_high": "term mopd: importance band, high end", "gjsd_beta": "term gjsd: the mixture weight",
-    "distill_topk": "full-distribution terms over the teacher's top K tokens (0: the vocabulary)",
-    "teachers": "domain -> teacher checkpoint (stage:NAME, best:DOMAIN); unlisted: best:<domain>",
-    "dynamic_filter": "drop groups whose rewards are all equal (no signal), refilling the batch",
-    "refill_rounds": "sampling rounds to refill a filtered batch",
-    "overlong": "a truncated rollout: none, filter (out of the loss) or penalty (reward 0)",
-    "mask_if_max_reward_below": "mask a group whose best reward is below this (-1: off)",
-    "epoch_filter": "C1's epoch filter: prompts solved every time leave the pool",
+    "rollout.prompts_per_step": "prompts per RL step", "rollout.group_size": "rollouts per prompt (GRPO's group)",
+    "rollout.mix": "domain -> weight of its share of the prompt stream (unnamed domains 1; {} equal)",
+    "rollout.max_prompt_len": "prompt limit in tokens (None: eval.max_prompt_len)",
+    "rollout.max_new_tokens": "response limit (used when length_curriculum is empty)",
+    "rollout.length_curriculum": "((from_step, max_new_tokens), ...): the response limit by step (C1 math RL)",
+    "rollout.temperature": "sampling temperature", "rollout.top_p": "nucleus sampling",
+    "rollout.top_k": "top-k sampling (None: off)",
+    "rollout.score_overlap": "score rollouts in this many chunks while the next chunk generates (1: no overlap)",
+    "objective.terms.<term>": "weight of an objective term (a float, 0 = off, or an optax schedule dict): pg, kl, "
+                              "entropy, mopd, forward_kl, reverse_kl, gjsd, or one an experiment registers",
+    "objective.aggregation": "token_mean (DAPO), seq_mean_token_mean or constant (Dr. GRPO)",
+    "objective.kl_estimator": "term kl: k1, k2 or k3", "objective.is_low": "term mopd: importance band, low end",
+    "objective.is_high": "term mopd: importance band, high end", "objective.gjsd_beta": "term gjsd: the mixture weight",
+    "objective.distill_topk": "full-distribution terms over the teacher's top K tokens (None: the vocabulary)",
+    "objective.teachers": "domain -> teacher checkpoint (stage:NAME, best:DOMAIN); unlisted: best:<domain>",
+    "objective.micro_batches": "gradient accumulation: the step's rollouts in this many pieces (same result)",
+    "filters.dynamic": "drop groups whose rewards are all equal (no signal), refilling the batch",
+    "filters.refill_rounds": "sampling rounds to refill a filtered batch",
+    "filters.overlong": "a truncated rollout: none, filter (out of the loss) or penalty (reward 0)",
+    "filters.max_reward_below": "drop a group whose best reward is not above this (None: off)",
+    "filters.epoch": "C1's epoch filter: prompts solved every time leave the pool",
     "reward.source": "what scores rollouts: verifier, reward_model, judge, or a source an experiment registers "
                      "(stages/reward_sources.py)",
+    "reward.verifiers": "reward.source=verifier: domain -> verifier overriding the domain's own",
     "reward.model": "reward.source=reward_model: the rm stage whose Bradley-Terry model scores rollouts",
     "reward.mode": "scalar (its score), pairwise (C2's GenRM aggregation) or reference (a judge with the answer)",
     "reward.conciseness_bonus": "pairwise RLHF: bonus for the shorter of good answers",
@@ -118,13 +120,14 @@ STAGE_KEYS = {
     "reward.judge": "reward.source=judge: the judge, stage:NAME, best:DOMAIN, gguf, gguf:PATH or hf:PATH",
     "reward.judge_mode": "logprob (one forward pass) or sampled (a reasoned verdict, strictly parsed)",
     "reward.judge_max_len": "tokens the judge reads", "reward.judge_batch_size": "judged pairs per pass",
-    "max_turns": "multi-turn episodes: turns (1: one-turn rollouts)",
-    "envs": "domain -> environment (default: the domain's own)",
-    "max_total_tokens": "tokens per episode after the prompt, observations counted (0: turns x max_new_tokens)",
-    "max_obs_tokens": "an environment's answer is cut to this many tokens",
-    "stop_tokens": "vocabulary pieces that also end a turn",
-    "prefilter_prompts": "C2's SWE filter: problems sampled by the starting policy before the stage (0: off)",
-    "prefilter_samples": "samples per problem", "prefilter_drop_unsolved": "share of never-solved problems dropped",
+    "episodes.max_turns": "multi-turn episodes: turns (1: one-turn rollouts)",
+    "episodes.envs": "domain -> environment (default: the domain's own)",
+    "episodes.max_total_tokens": "tokens per episode after the prompt, observations counted (None: turns x "
+                                 "max_new_tokens)",
+    "episodes.max_obs_tokens": "an environment's answer is cut to this many tokens",
+    "episodes.stop_tokens": "vocabulary pieces that also end a turn",
+    "prefilter.prompts": "C2's SWE filter: problems sampled by the starting policy before the stage (None: off)",
+    "prefilter.samples": "samples per problem", "prefilter.drop_unsolved": "share of never-solved problems dropped",
     "sources": "soup (soup_math): the checkpoints averaged", "weights": "soup: their weights (sum 1)",
 }
 
@@ -133,8 +136,8 @@ _GENERIC = ((r"^data\.domains\.[^.]+\.opts(\..*)?$", "data.domains.<domain>.opts
             (r"^eval\.agents\.[^.]+\.envs(\..*)?$", "eval.agents.<agent>.envs"),
             (r"^eval\.agents\.[^.]+\.", "eval.agents.<agent>."),
             (r"^eval\.sets\.[^.]+\.", "eval.sets.<set>."))
-_STAGE_GENERIC = ((r"^objective\.[^.]+$", "objective.<term>"),
-                  (r"^(teachers|rewards|envs|mix)\..*$", r"\1"))
+_STAGE_GENERIC = ((r"^objective\.terms\.[^.]+$", "objective.terms.<term>"),
+                  (r"^(objective\.teachers|reward\.verifiers|episodes\.envs|rollout\.mix|mix)\..*$", r"\1"))
 
 
 def run_key(key: str) -> str:
@@ -146,7 +149,7 @@ def run_key(key: str) -> str:
 
 
 def stage_key(key: str) -> str:
-    """A flat key inside a stage as STAGE_KEYS names it (`objective.pg` -> `objective.<term>`)."""
+    """A flat key inside a stage as STAGE_KEYS names it (`objective.terms.pg` -> `objective.terms.<term>`)."""
     for pattern, repl in _STAGE_GENERIC:
         key = re.sub(pattern, repl, key)
     return key

@@ -124,20 +124,18 @@ def smoke(cfg, steps: int = 4, n: int = 8):
     if cfg.get("eval_init") is not None:
         cfg.eval_init = False
     cfg.reward.num_workers = 0
-    shrink = {"batch_size": 4, "prompts_per_step": 2, "group_size": 2, "eval_n": n}
     for stage in cfg.stages.values():
         stage.steps = min(stage.steps, steps)
-        for key, value in shrink.items():
-            if key in stage:
-                stage[key] = min(stage[key], value)
-        for key, value in (("micro_batches", 1), ("prefilter_prompts", 0)):
-            if key in stage:
-                stage[key] = value
+        stage.eval_n = min(stage.eval_n, n)
+        if "batch_size" in stage:
+            stage.batch_size = min(stage.batch_size, 4)
         for key in ("checkpoint_every", "eval_every"):  # once, at the stage's end (a curve of one point)
             if stage.get(key):
                 stage[key] = max(stage.steps, 1)
-        if "length_curriculum" in stage:
-            stage.length_curriculum = ((0, 16),)
-        if "max_new_tokens" in stage:
-            stage.max_new_tokens = min(stage.max_new_tokens, 16)
+        if "rollout" in stage:
+            r = stage.rollout
+            r.update(prompts_per_step=min(r.prompts_per_step, 2), group_size=min(r.group_size, 2),
+                     max_new_tokens=min(r.max_new_tokens, 16), length_curriculum=((0, 16),))
+            stage.objective.micro_batches = 1
+            stage.prefilter.prompts = None
     return cfg

@@ -77,9 +77,9 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
     out = {}
     n = ctx.cfg.eval.n if split == "test" else ctx.cfg.eval.get("val_n", VAL_N)
     sampled, sampled_domains = eval_sampling(ctx.cfg), ()
-    rl = stage is not None and "temperature" in stage
+    rl = stage is not None and "rollout" in stage
     if rl:  # an RL stage samples at its own settings
-        sampled |= {"temperature": stage.temperature, "top_p": stage.top_p}
+        sampled |= {"temperature": stage.rollout.temperature, "top_p": stage.rollout.top_p}
     if split == "test" and sampled["avg_k"]:
         own_only = rl and avg_k_domains(ctx.cfg) == "trained"
         sampled_domains = tuple(stage.domains if own_only else ctx.cfg.data.domains)

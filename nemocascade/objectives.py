@@ -14,11 +14,15 @@ loss and per-token diagnostics. ``x`` holds, [N, T] and aligned with the next-to
   ref_logp        the frozen reference's log-probs of y_t (needs "ref_logp")
   teacher_logp    the row's teacher's log-probs of y_t (needs "teacher_logp")
   teacher_logits  the row's teacher's log-probabilities [N, T, K] over its top K tokens, or the whole
-                  vocabulary (K = V) when the stage's ``distill_topk`` is 0 (needs "teacher_logits")
-  teacher_support [N, T, K] token ids of those K (only with distill_topk > 0)
+                  vocabulary (K = V) when the stage's ``distill_topk`` is None (needs "teacher_logits")
+  teacher_support [N, T, K] token ids of those K (only with a distill_topk)
 
 ``needs`` tells the on-policy step what to compute before the update: a frozen role is scored only when a
-term with non-zero weight reads it. ``options`` names the stage config keys a term reads (``kl_estimator``).
+term with non-zero weight reads it. ``options`` names the keys of the stage's ``objective`` dict a term reads
+(``kl_estimator``; an experiment's term may add its own).
+
+A stage's ``objective`` dict (``DEFAULTS``) is read here: ``terms`` (term -> weight), ``aggregation``, the terms'
+options, ``teachers`` (domain -> checkpoint for the teacher terms) and ``micro_batches`` (the update's row split).
 
 Every term's loss goes through the stage's one ``aggregation`` (losses.AGGREGATIONS) with a normaliser taken
 on the *global* batch, so micro-batch gradients sum to the full-batch gradient for every term. Diagnostics
@@ -55,7 +59,7 @@ class Term:
     name: str
     fn: Callable  # (x, **options) -> (per-token loss [N, T], {metric: per-token value [N, T]})
     needs: frozenset  # of INPUTS
-    options: tuple  # stage config keys passed to fn as keyword arguments
+    options: tuple  # keys of the objective dict passed to fn as keyword arguments
     logits: bool = False  # reads x["logits"] (the whole [N, T, V]): the step must materialise them
 
 
@@ -63,7 +67,7 @@ TERMS: dict[str, Term] = {}
 
 
 def register(name: str, *, needs=(), options=(), logits: bool = False):
-    """Decorator: add ``fn`` as objective term ``name`` (a stage's ``objective.<name>`` weight selects it).
+    """Decorator: add ``fn`` as objective term ``name`` (a stage's ``objective.terms.<name>`` weight selects it).
     Registering the same function again (a config file loaded twice) is fine; another function under a taken
     name is a ValueError, so an experiment cannot replace a built-in by accident. ``logits=True``: the term
     reads ``x["logits"]`` ([N, T, V]); without it the step never builds them (see the module docstring)."""
@@ -194,46 +198,56 @@ class Objective:
         return {term.name: weight(step) for term, weight, _ in self.terms}
 
 
-def build(spec: Mapping, aggregation: str, settings: Mapping) -> Objective:
-    """The Objective of a stage: ``spec`` maps term -> weight (float or schedule spec), ``settings`` holds the
-    options the terms read (the stage config). Problems raise one ValueError naming every bad key."""
-    bad = problems(spec, aggregation, settings)
+def build(objective: Mapping) -> Objective:
+    """The Objective of a stage's ``objective`` dict (keys it lacks take ``DEFAULTS``). Problems raise one
+    ValueError naming every bad key."""
+    bad = problems(objective)
     if bad:
         raise ValueError("; ".join(bad))
-    terms = []
-    for name, w in spec.items():
-        if _is_on(w):
-            term = TERMS[name]
-            terms.append((term, _weight_fn(w), {k: settings[k] for k in term.options}))
-    return Objective(tuple(terms), aggregation)
+    o = _settings(objective)
+    terms = [(TERMS[name], _weight_fn(w), {k: o[k] for k in TERMS[name].options})
+             for name, w in o["terms"].items() if _is_on(w)]
+    return Objective(tuple(terms), o["aggregation"])
 
 
-def problems(spec: Mapping, aggregation: str, settings: Mapping) -> list[str]:
-    """What is wrong with an objective, as ``objective.<key>: problem`` lines (empty: fine)."""
-    bad = [] if aggregation in losses.AGGREGATIONS else [
-        f"aggregation={aggregation!r}; choose one of {losses.AGGREGATIONS}"]
-    for name, w in spec.items():
+def problems(objective: Mapping) -> list[str]:
+    """What is wrong with an ``objective`` dict, as ``objective.<key>: problem`` lines (empty: fine)."""
+    o = _settings(objective)
+    options = {k for t in TERMS.values() for k in t.options}
+    bad = [f"objective.{k}: unknown key; known: {sorted(set(DEFAULTS) | options)}"
+           for k in sorted(set(o) - set(DEFAULTS) - options)]
+    bad += [] if o["aggregation"] in losses.AGGREGATIONS else [
+        f"objective.aggregation={o['aggregation']!r}; choose one of {losses.AGGREGATIONS}"]
+    for name, w in o["terms"].items():
         if name not in TERMS:
-            bad.append(f"objective.{name}: unknown term; terms: {tuple(TERMS)}")
-            continue
-        if _is_schedule(w):
+            bad.append(f"objective.terms.{name}: unknown term; terms: {tuple(TERMS)}")
+        elif _is_schedule(w):
             try:
                 _weight_fn(w)(0)
             except Exception as err:  # noqa: BLE001 - reported with the key it came from
-                bad.append(f"objective.{name}: bad schedule {dict(w)} ({type(err).__name__}: {err}); schedules: "
-                           f"{tuple(SCHEDULES)}, each with its optax keyword arguments")
+                bad.append(f"objective.terms.{name}: bad schedule {dict(w)} ({type(err).__name__}: {err}); "
+                           f"schedules: {tuple(SCHEDULES)}, each with its optax keyword arguments")
         elif not isinstance(w, (int, float)) or isinstance(w, bool):
-            bad.append(f"objective.{name}={w!r}: a weight is a number or a schedule dict")
-        missing = [k for k in TERMS[name].options if k not in settings]
-        bad += [f"objective.{name}: reads the stage key {k!r}, which this stage lacks" for k in missing]
-    if not any(_is_on(w) for w in spec.values()):
-        bad.append(f"objective={dict(spec)}: every weight is 0, nothing would train")
-    return bad
+            bad.append(f"objective.terms.{name}={w!r}: a weight is a number or a schedule dict")
+        if name in TERMS:
+            bad += [f"objective.terms.{name}: reads objective.{k}, which this objective lacks"
+                    for k in TERMS[name].options if k not in o]
+    if not any(_is_on(w) for w in o["terms"].values()):
+        bad.append(f"objective.terms={dict(o['terms'])}: every weight is 0, nothing would train")
+    bad += [f"objective.kl_estimator={o['kl_estimator']!r}; choose one of {losses.KL_ESTIMATORS}"] if (
+        o["kl_estimator"] not in losses.KL_ESTIMATORS) else []
+    bad += [f"objective.is_low={o['is_low']}, is_high={o['is_high']}: need 0 < is_low <= 1 <= is_high"] if not (
+        0 < o["is_low"] <= 1 <= o["is_high"]) else []
+    bad += [f"objective.gjsd_beta={o['gjsd_beta']} must lie in (0, 1)"] if not 0 < o["gjsd_beta"] < 1 else []
+    bad += [f"objective.distill_topk={o['distill_topk']} must be None or >= 1"] if (
+        o["distill_topk"] is not None and o["distill_topk"] < 1) else []
+    return bad + ([f"objective.micro_batches={o['micro_batches']} must be >= 1"] if o["micro_batches"] < 1 else [])
 
 
-def needs(spec: Mapping) -> frozenset:
-    """What the known, non-zero terms of ``spec`` read (INPUTS); unknown terms are ``problems``' to report."""
-    return frozenset().union(*(TERMS[k].needs for k, w in spec.items() if k in TERMS and _is_on(w)))
+def needs(objective: Mapping) -> frozenset:
+    """What the known, non-zero terms of an ``objective`` dict read (INPUTS); unknown terms are ``problems``'."""
+    terms = _settings(objective)["terms"]
+    return frozenset().union(*(TERMS[k].needs for k, w in terms.items() if k in TERMS and _is_on(w)))
 
 
 def _is_on(w) -> bool:
@@ -252,3 +266,18 @@ def _weight_fn(w) -> Callable:
     if name not in SCHEDULES:
         raise ValueError(f"schedule={name!r} is not one of {tuple(SCHEDULES)}")
     return SCHEDULES[name](**kwargs)
+
+
+DEFAULTS = dict(
+    terms=dict(pg=1.0, kl=0.0, entropy=0.0),  # term -> weight: a float (0 = off) or an optax schedule dict
+    aggregation="token_mean",  # losses.AGGREGATIONS
+    kl_estimator="k3",  # term kl
+    is_low=0.5, is_high=2.0,  # term mopd: the truncated importance-sampling band
+    gjsd_beta=0.5, distill_topk=None,  # terms forward_kl / reverse_kl / gjsd: over the teacher's top K (None: vocabulary)
+    teachers={},  # domain -> checkpoint name for the teacher terms; a domain not listed uses "best:<domain>"
+    micro_batches=1,  # the update splits its rows into this many, gradients summed (exact: global normalisers)
+)
+
+
+def _settings(objective: Mapping) -> dict:
+    return {**DEFAULTS, **(objective.to_dict() if hasattr(objective, "to_dict") else objective)}

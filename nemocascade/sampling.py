@@ -49,7 +49,7 @@ class Samples(NamedTuple):
     truncated: jax.Array    # [B*G] bool, True if no EOS within N tokens
 
 
-def filter_logits(logits, temperature, top_p, top_k: int = 0):
+def filter_logits(logits, temperature, top_p, top_k: int | None = None):
     """Temperature, then top-k (static), then nucleus top-p (keeps the smallest prefix of the sorted
     distribution whose mass reaches top_p, ties at its last token included; always keeps the argmax)."""
     logits = logits.astype(jnp.float32) / jnp.maximum(temperature, 1e-6)
@@ -115,7 +115,7 @@ def _next_token(last, key, greedy: bool, temperature, top_p, top_k: int):
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "num_samples", "top_k", "greedy",
                                              "greedy_first", "chunk"))
 def sample(params, cfg: ModelConfig, prompt_tokens, prompt_lens, rng, *, max_new_tokens: int, eos_id,
-           pad_id=0, temperature=1.0, top_p=1.0, top_k: int = 0, greedy: bool = False,
+           pad_id=0, temperature=1.0, top_p=1.0, top_k: int | None = None, greedy: bool = False,
            num_samples: int = 1, greedy_first: bool = False, chunk: int | None = None) -> Samples:
     """Sample `num_samples` responses for every left-padded prompt row.
 
@@ -234,7 +234,7 @@ def begin_episodes(params, cfg: ModelConfig, prompt_tokens, prompt_lens, *, slot
 @functools.partial(jax.jit, static_argnames=("cfg", "max_new_tokens", "top_k", "greedy", "chunk"),
                    donate_argnames=("ep",))
 def decode_turn(params, cfg: ModelConfig, ep: Episodes, talking, rng, *, max_new_tokens: int, budget, stop_ids,
-                pad_id=0, temperature=1.0, top_p=1.0, top_k: int = 0, greedy: bool = False,
+                pad_id=0, temperature=1.0, top_p=1.0, top_k: int | None = None, greedy: bool = False,
                 chunk: int | None = None) -> Episodes:
     """One turn of the rows in `talking` [B] bool: each draws tokens until one of `stop_ids` (included), its
     `max_new_tokens` for this turn, its `budget` of tokens after the prompt, or the last slot. The other rows idle

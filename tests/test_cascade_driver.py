@@ -23,13 +23,14 @@ def _cfg():
     c.eval.n = 16
     c.eval.sets = {"humaneval": dict(n=4, max_prompt_len=1024, max_new_tokens=8)}  # a real benchmark by name
     c.stages.sft.update(steps=40, eval_every=0, checkpoint_every=40)
-    c.stages.grpo.update(steps=2, eval_every=0, length_curriculum=((0, 48),), prompts_per_step=4, group_size=4)
+    c.stages.grpo.update(steps=2, eval_every=0, rollout=dict(length_curriculum=((0, 48),), prompts_per_step=4,
+                                                            group_size=4))
     c.stages.branch = common.stage_config(  # more SFT from the SFT checkpoint, off the main line
         "sft", sft.DEFAULTS, domains=["math"], steps=5, init_from="stage:sft", side_branch=True,
         seq_len=80, checkpoint_every=5, optim=dict(lr=3e-3))
     c.stages.distil = common.stage_config(
-        "mopd", mopd.DEFAULTS, domains=["math"], steps=2, teachers={"math": "stage:branch"}, prompts_per_step=4,
-        group_size=2, max_new_tokens=48, optimizer_policy="keep",
+        "mopd", mopd.DEFAULTS, domains=["math"], steps=2, objective=dict(teachers={"math": "stage:branch"}),
+        rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=48), optimizer_policy="keep",
         optim=dict(lr=1e-3, schedule="linear_warmup", warmup_steps=2, warmup_init=0.1))
     c.stage_order = ("sft", "grpo", "branch", "distil")
     return c
@@ -89,12 +90,12 @@ def test_side_branch_keep_optimizer_mopd_and_resume(tmp_path):
     assert [s["name"] for s in again["stages"]] == ["sft", "grpo", "branch", "distil"]
     assert again["total_wall_s"] > summary["total_wall_s"]  # the resume's time adds to the run's
     c2 = _cfg()
-    c2.stages.distil.teachers.math = "best:math"
-    with pytest.raises(ValueError, match=r"stages\.distil\.teachers\.math: 'stage:branch' -> 'best:math'"):
+    c2.stages.distil.objective.teachers.math = "best:math"
+    with pytest.raises(ValueError, match=r"stages\.distil\.objective\.teachers\.math: 'stage:branch' -> 'best:math'"):
         cascade.run(c2, wd, "driver_test")
     with pytest.raises(ValueError, match=r"teachers\['distil'\]"):
-        cascade.run(c2, wd, "driver_test", allow_changes=["stages.distil.teachers.*"])
-    assert json.load(open(f"{wd}/config.json"))["stages"]["distil"]["teachers"] == {"math": "stage:branch"}
+        cascade.run(c2, wd, "driver_test", allow_changes=["stages.distil.objective.teachers.*"])
+    assert json.load(open(f"{wd}/config.json"))["stages"]["distil"]["objective"]["teachers"] == {"math": "stage:branch"}
 
     _check_rescore(tmp_path, wd, summary)
     _check_redo(wd)
@@ -139,8 +140,8 @@ def _check_redo(wd):
     rows_before = [json.loads(line) for line in open(f"{wd}/metrics.jsonl")]
     c = _cfg()
     c.eval.n = 8  # as the rescore left the workdir's config
-    c.stages.distil.teachers.math = "best:math"
-    allow = ["stages.distil.teachers.*"]
+    c.stages.distil.objective.teachers.math = "best:math"
+    allow = ["stages.distil.objective.teachers.*"]
     with pytest.raises(ValueError, match=r"and the config none either; finished: \['sft', 'grpo'"):
         cascade.run(c, wd, "driver_test", allow_changes=allow, redo_from="nope")
     kept_changed = _cfg()
@@ -184,13 +185,13 @@ def test_validate_names_bad_handoff_keys():
     with pytest.raises(ValueError, match="optimizer_policy"):
         cascade.validate(c)
     c = _cfg()
-    c.stages.distil.teachers.math = "best:code"
+    c.stages.distil.objective.teachers.math = "best:code"
     with pytest.raises(ValueError, match="teachers.math='best:code'"):
         cascade.validate(c)
-    c.stages.distil.teachers.math = "best:math+code"  # one teacher for several domains: every one must exist
+    c.stages.distil.objective.teachers.math = "best:math+code"  # one teacher for several domains: every one must exist
     with pytest.raises(ValueError, match=r"teachers.math='best:math\+code'"):
         cascade.validate(c)
-    c.stages.distil.teachers.math = "best:math+math"
+    c.stages.distil.objective.teachers.math = "best:math+math"
     cascade.validate(c)
     c = _cfg()
     c.stages.sft.mix = {"code": 2.0}  # not one of the SFT stage's domains

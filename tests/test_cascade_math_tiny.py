@@ -7,7 +7,7 @@ import json
 from conftest import distinct_items
 from nemocascade import configs
 
-GRPO_STEPS = ("--config.stages.grpo.steps=4", "--config.stages.grpo.length_curriculum=((0,64),(2,80))")
+GRPO_STEPS = ("--config.stages.grpo.steps=4", "--config.stages.grpo.rollout.length_curriculum=((0,64),(2,80))")
 
 
 def test_cascade_math_tiny_end_to_end(tmp_path, run_cli):

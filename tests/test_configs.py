@@ -75,15 +75,16 @@ def test_default_variants_follow_the_paper(name):
         if stage.kind != "grpo":
             continue
         want = PAPER.get(tuple(sorted(stage.domains)), {})
-        assert stage.objective.get("kl", 0.0) == want.get("kl", 0.0), (stage_name, "KL only in RLHF (0.03)")
-        assert stage.objective.get("entropy", 0.0) == 0.0, stage_name
-        for key in ("overlong", "top_p"):
-            if key in want:
-                assert stage[key] == want[key], (stage_name, key)
+        assert stage.objective.terms.get("kl", 0.0) == want.get("kl", 0.0), (stage_name, "KL only in RLHF (0.03)")
+        assert stage.objective.terms.get("entropy", 0.0) == 0.0, stage_name
+        if "overlong" in want:
+            assert stage.filters.overlong == want["overlong"], stage_name
+        if "top_p" in want:
+            assert stage.rollout.top_p == want["top_p"], stage_name
         if "mix" in want:
-            assert dict(stage.mix) == pytest.approx(want["mix"]), stage_name
-        if stage.dynamic_filter:
-            assert stage.refill_rounds > 1, (stage_name, "a filtered batch is refilled")
+            assert dict(stage.rollout.mix) == pytest.approx(want["mix"]), stage_name
+        if stage.filters.dynamic:
+            assert stage.filters.refill_rounds > 1, (stage_name, "a filtered batch is refilled")
     for d, dc in cfg.data.domains.items():  # n >= 500 test items per domain (every item a domain has, if fewer)
         assert cfg.eval.n >= 500 and dc.num_test >= 500, d
     assert cfg.eval.avg_k > 0 and cfg.eval.temperature == 1.0
@@ -137,7 +138,7 @@ def test_mopd_distils_from_three_teachers_chosen_on_validation(name):
     cfg = configs.load(name)
     for stage in cfg.stages.values():
         if stage.kind == "mopd":
-            refs = set(stage.teachers.values())
+            refs = set(stage.objective.teachers.values())
             assert len(refs) == 3, refs
             assert all(r.startswith(("stage:", "best:")) for r in refs)
 
@@ -147,8 +148,8 @@ def test_the_kl_variant_is_the_named_departure(name):
     default, kl = configs.load(name), configs.load(name + ":kl")
     for stage_name, stage in kl.stages.items():
         if stage.kind == "grpo":
-            base_kl = default.stages[stage_name].objective.kl
-            assert stage.objective.kl == (base_kl if base_kl else 0.05), stage_name
+            base_kl = default.stages[stage_name].objective.terms.kl
+            assert stage.objective.terms.kl == (base_kl if base_kl else 0.05), stage_name
     with pytest.raises(ValueError, match="unknown variant 'klx'"):
         configs.load(name + ":tiny,klx")
 
@@ -177,7 +178,7 @@ run.parse_flags(run.resolve_config_arg(["run.py", *sys.argv[1:]]))
 c = run._CONFIG.value
 print(json.dumps({"agents": c.eval.agents.to_dict(), "data_seed": c.data.seed, "order": list(c.stage_order),
                   "avg_k_domains": c.eval.avg_k_domains, "domains": list(c.stages.rl_multi.domains),
-                  "curriculum": [list(x) for x in c.stages.rl_multi.length_curriculum]}))
+                  "curriculum": [list(x) for x in c.stages.rl_multi.rollout.length_curriculum]}))
 """
 
 
@@ -186,7 +187,7 @@ def test_documented_overrides_parse_on_the_command_line():
     # the configs, so the README's overrides are accepted; a comma-separated stage order is a list of stages
     args = ["--config=swe_agent", "--config.eval.agents.multi.avg_k=4", "--config.data.seed=0",
             "--config.eval.avg_k_domains=all", "--config.stage_order=sft,rl_multi",
-            "--config.stages.rl_multi.domains=swe,swe_retry", "--config.stages.rl_multi.length_curriculum=((0,64),)"]
+            "--config.stages.rl_multi.domains=swe,swe_retry", "--config.stages.rl_multi.rollout.length_curriculum=((0,64),)"]
     out = subprocess.run([sys.executable, "-c", PARSE, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
@@ -201,11 +202,11 @@ def test_bare_comma_lists_become_tuples_of_the_keys_that_are_tuples():
     cfg = configs.load("cascade_math")
     argv = ["run.py", "--config.stages.grpo.domains=math,if", "--config.stages.grpo.optim.freeze=embed",
             "--config.stage_order=sft, grpo", "--config.stages.grpo.steps=3,4", "--config.stages.grpo.domains=('a',)",
-            "--config.stages.grpo.length_curriculum=0,64"]
+            "--config.stages.grpo.rollout.length_curriculum=0,64"]
     assert configs.expand_list_overrides(argv, cfg) == [
         "run.py", "--config.stages.grpo.domains=('math', 'if')", "--config.stages.grpo.optim.freeze=embed",
         "--config.stage_order=('sft', 'grpo')", "--config.stages.grpo.steps=3,4",  # not a tuple key: absl's error
-        "--config.stages.grpo.domains=('a',)", "--config.stages.grpo.length_curriculum=(0, 64)"]
+        "--config.stages.grpo.domains=('a',)", "--config.stages.grpo.rollout.length_curriculum=(0, 64)"]
 
 
 def test_an_agent_entry_has_every_key_and_refuses_unknown_ones():

@@ -20,8 +20,8 @@ def _tiny_soup(tmp_path):
     c = tiny_math_config("soup_math:tiny", tmp_path)
     c.stages.sft.update(steps=4, batch_size=4, eval_every=0, checkpoint_every=4)
     # no dynamic filter: a 4-step SFT's policy scores 0 everywhere, and a step of filtered-out groups trains nothing
-    c.stages.grpo.update(steps=1, prompts_per_step=4, group_size=4, eval_every=0, length_curriculum=((0, 16),),
-                         dynamic_filter=False)
+    c.stages.grpo.update(steps=1, rollout=dict(prompts_per_step=4, group_size=4, length_curriculum=((0, 16),)),
+                         eval_every=0, filters=dict(dynamic=False))
     c.stages.branch.update(steps=3, batch_size=4, checkpoint_every=3)
     c.stages.soup.weights = (0.25, 0.75)
     return c
@@ -112,8 +112,8 @@ def test_a_domain_from_an_experiment_file_trains_and_is_verified_in_workers(tmp_
     cfg.eval.update(n=8, val_n=8, batch_size=8, max_new_tokens=24, avg_k=0)
     cfg.reward.num_workers = 1  # a worker process: the verifier travels as (file, name)
     cfg.stages.sft.update(steps=4, batch_size=4, seq_len=64, checkpoint_every=4)
-    cfg.stages.grpo.update(steps=1, prompts_per_step=2, group_size=2, eval_every=0, checkpoint_every=1,
-                           length_curriculum=((0, 16),))
+    cfg.stages.grpo.update(steps=1, rollout=dict(prompts_per_step=2, group_size=2, length_curriculum=((0, 16),)),
+                           eval_every=0, checkpoint_every=1)
     summary = cascade.run(cfg, str(tmp_path / "run"), "sort_words", "tiny")
     evals = [s["eval"]["sort_words"] for s in summary["stages"]]
     assert [s["name"] for s in summary["stages"]] == ["sft", "grpo"]
@@ -131,9 +131,9 @@ def test_the_readmes_reward_example_trains_one_stage_on_it(monkeypatch):
     cfg = configs.load("cascade_math")
     exec(_readme_example("a reward"), {"rewards": rewards, "score": strict_math, "c": cfg})
     cascade.validate(cfg)
-    from nemocascade.stages import common
-    assert common.stage_rewards(cfg.stages.grpo) == {"math": strict_math}  # the stage trains on it
-    assert common.stage_rewards(cfg.stages.sft) == {"math": domains.verifier("math")}  # the others keep math's
+    from nemocascade.stages import reward_sources
+    assert reward_sources.verifiers(cfg.stages.grpo) == {"math": strict_math}  # the stage trains on it
+    assert reward_sources.verifiers(cfg.stages.sft) == {"math": domains.verifier("math")}  # the others keep math's
     assert domains.verifier("math") is not strict_math  # and so does evaluation (the domain's own)
     assert [strict_math(t, "0.5") for t in ("\\boxed{0.5}", "\\boxed{1/2}")] == [1.0, 0.0]
 

@@ -15,7 +15,7 @@ from nemocascade.models import ModelConfig, forward, init_params
 from nemocascade.rl import filters, update
 from nemocascade.rl import rollouts
 from nemocascade.rl.rollouts import RolloutSource
-from nemocascade.stages import common, grpo, onpolicy
+from nemocascade.stages import common, grpo
 
 
 CFG = ModelConfig(vocab_size=17, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=8, d_ff=32)
@@ -45,9 +45,9 @@ def _advantages(rewards, eps=1e-6):
 
 def _update_fn(stage, tx, cfg=CFG):
     """The jitted on-policy update the stage loop runs, for `stage`'s objective."""
-    objective = objectives.build(stage.objective, stage.aggregation, stage)
+    objective = objectives.build(stage.objective)
     return jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=cfg, tx=tx, objective=objective,
-                                                     micro_batches=stage.micro_batches))
+                                                     micro_batches=stage.objective.micro_batches))
 
 
 def _step(stage, batch, tx=None, params=None):
@@ -60,8 +60,8 @@ def _step(stage, batch, tx=None, params=None):
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean", "constant"])
 def test_micro_batches_give_the_full_batch_update(aggregation):
     batch = _batch()
-    full, m_full = _step(_stage(aggregation=aggregation), batch)
-    micro, m_micro = _step(_stage(aggregation=aggregation, micro_batches=4), batch)
+    full, m_full = _step(_stage(objective=dict(aggregation=aggregation)), batch)
+    micro, m_micro = _step(_stage(objective=dict(aggregation=aggregation, micro_batches=4)), batch)
     for a, b in zip(jax.tree.leaves(full.params), jax.tree.leaves(micro.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
     np.testing.assert_allclose(m_full["loss"], m_micro["loss"], rtol=1e-5)
@@ -141,8 +141,9 @@ def test_training_batch_gathers_kept_groups_pads_and_cuts_columns():
 
 
 def test_length_curriculum_sub_stages():
-    stage = _stage(length_curriculum=((0, 64), (10, 96), (30, 128)))
-    assert [onpolicy.max_new_tokens_at(stage, s) for s in (0, 9, 10, 29, 30, 99)] == [64, 64, 96, 96, 128, 128]
+    stage = _stage(rollout=dict(length_curriculum=((0, 64), (10, 96), (30, 128))))
+    assert [rollouts.max_new_tokens_at(stage.rollout, s) for s in (0, 9, 10, 29, 30, 99)] == [64, 64, 96, 96, 128,
+                                                                                              128]
 
 
 def test_unknown_stage_key_is_named():
@@ -156,7 +157,7 @@ def test_kl_term_gradient_equals_hand_k3():
     batch = _batch(n=4, seed=5)
     params = init_params(CFG, jax.random.key(2))
     ref = init_params(CFG, jax.random.key(3))
-    stage = _stage(objective=dict(pg=0.0, kl=0.5, entropy=0.0))
+    stage = _stage(objective=dict(terms=dict(pg=0.0, kl=0.5, entropy=0.0)))
     tx = optax.sgd(1.0)
     state = train_state.create(params, tx, jax.random.key(0))
     batch["domain_idx"] = np.zeros(4, np.int32)
@@ -207,7 +208,7 @@ def test_grpo_learns_a_verifiable_toy_reward():
     from nemocascade.mesh import make_mesh
 
     cfg = ModelConfig(vocab_size=16, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
-    stage = _stage(group_size=8)
+    stage = _stage(rollout=dict(group_size=8))
     tx = optax.adam(1e-2)
     state = train_state.create(init_params(cfg, jax.random.key(0)), tx, jax.random.key(0))
     step = _update_fn(stage, tx, cfg)
@@ -297,7 +298,7 @@ def test_rollout_source_samples_in_chunks_as_the_sampler_does_alone():
         cfg=ml_collections.ConfigDict(dict(seed=0, thinking=False, eval=dict(max_prompt_len=128),
                                            data=dict(domains=("math",)))),
         tokenizer=_ByteTok(), model_cfg=cfg, mesh=make_mesh(), pool=None)
-    stage = _stage(group_size=3, prompts_per_step=4, score_overlap=2)
+    stage = _stage(rollout=dict(group_size=3, prompts_per_step=4, score_overlap=2))
     src = RolloutSource(ctx, stage, iter([]), epoch_len=4, scorer=scorer)
     records = [{"id": f"p{i}", "prompt": "x" * (20 * i + 1), "domain": "math", "answer": "0"} for i in range(4)]
     rng = jax.random.key(3)
@@ -334,12 +335,13 @@ def test_no_device_to_host_transfer_between_sampling_and_the_update():
         cfg=ml_collections.ConfigDict(dict(seed=0, thinking=False, eval=dict(max_prompt_len=128),
                                            data=dict(domains=("math",)))),
         tokenizer=_ByteTok(), model_cfg=cfg, mesh=make_mesh(), pool=None)
-    stage = _stage(group_size=4, prompts_per_step=2, objective=dict(pg=1.0, kl=0.1), overlong="filter")
+    stage = _stage(rollout=dict(group_size=4, prompts_per_step=2), objective=dict(terms=dict(pg=1.0, kl=0.1)),
+                   filters=dict(overlong="filter"))
     src = RolloutSource(ctx, stage, iter([]), epoch_len=2, scorer=lambda records, texts, lengths: lengths % 2)
     records = [{"id": f"p{i}", "prompt": "x" * (9 * i + 3), "domain": "math", "answer": "0"} for i in range(2)]
     sampled, _ = src.sample(params, records, 6, jax.random.key(0))
     kept = sampled.groups | {"group_id": np.arange(2)}
-    objective = objectives.build(stage.objective, stage.aggregation, stage)
+    objective = objectives.build(stage.objective)
     roles = update.FrozenRoles(cfg, objective.needs, reference=params)
     tx = optax.adam(1e-3)
     step = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=cfg, tx=tx, objective=objective,
@@ -362,7 +364,7 @@ def test_no_device_to_host_transfer_between_sampling_and_the_update():
 
 
 def test_a_step_with_every_group_filtered_trains_nothing_and_moves_on(tmp_path):
-    """mask_if_max_reward_below=1.5: no rollout can earn more than 1, so every group is dropped and the host skips
+    """filters.max_reward_below=1.5: no rollout can earn more than 1, so every group is dropped and the host skips
     the update: the step counter still moves (the checkpoint is at the last step), the params are the start's,
     and the metrics rows say 0 kept groups and carry no loss."""
     from conftest import final_params, tiny_math_config
@@ -371,8 +373,8 @@ def test_a_step_with_every_group_filtered_trains_nothing_and_moves_on(tmp_path):
     cfg = tiny_math_config("cascade_math:tiny", tmp_path)
     cfg.stage_order = ("grpo",)
     cfg.eval_init = True  # saves the start params (checkpoints/final/init)
-    cfg.stages.grpo.update(steps=3, prompts_per_step=2, group_size=2, length_curriculum=((0, 8),),
-                           mask_if_max_reward_below=1.5, checkpoint_every=10, eval_every=0)
+    cfg.stages.grpo.update(steps=3, rollout=dict(prompts_per_step=2, group_size=2, length_curriculum=((0, 8),)),
+                           filters=dict(max_reward_below=1.5), checkpoint_every=10, eval_every=0)
     wd = str(tmp_path / "run")
     cascade.run(cfg, wd, "skip_test")
     rows = [json.loads(line) for line in open(f"{wd}/metrics.jsonl") if '"grpo"' in line]

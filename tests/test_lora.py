@@ -98,7 +98,7 @@ def test_on_policy_step_over_adapters_is_the_chain_rule_of_the_full_step():
     stage = common.stage_config("grpo", grpo.DEFAULTS)
     tx = optax.sgd(1.0)
     step = functools.partial(update.policy_update, model_cfg=CFG, tx=tx,
-                             objective=objectives.build(stage.objective, stage.aggregation, stage))
+                             objective=objectives.build(stage.objective))
     full, m_full = jax.jit(step)(train_state.create(params, tx, jax.random.key(0)), batch)
     rank, alpha = 2, 4.0
     adapters = lora.init(jax.random.key(1), params, CFG, rank, TARGETS)
@@ -155,11 +155,11 @@ RANK = 2
 def _tiny_lora_cfg(tmp):
     c = tiny_math_config("cascade_math:tiny", tmp)
     c.stages.sft.update(steps=3, batch_size=4, seq_len=96, checkpoint_every=2, eval_every=0)
-    c.stages.grpo.update(steps=2, prompts_per_step=2, group_size=2, checkpoint_every=1, eval_every=0,
-                         length_curriculum=((0, 16),), optim=dict(lr=3e-3, schedule="constant", warmup_steps=0))
+    c.stages.grpo.update(steps=2, rollout=dict(prompts_per_step=2, group_size=2, length_curriculum=((0, 16),)),
+                         checkpoint_every=1, eval_every=0, optim=dict(lr=3e-3, schedule="constant", warmup_steps=0))
     # the tiny model earns no reward: keep its groups (no dynamic filter) and train a term that has a gradient
-    c.stages.grpo.update(dynamic_filter=False)
-    c.stages.grpo.objective.entropy = 0.01
+    c.stages.grpo.filters.dynamic = False
+    c.stages.grpo.objective.terms.entropy = 0.01
     for s in ("sft", "grpo"):
         c.stages[s].lora.rank = RANK
     return c

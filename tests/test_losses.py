@@ -17,7 +17,7 @@ RNG = np.random.default_rng(0)
 def _objective(spec, aggregation="token_mean", normalizer=None, kl_estimator="k3", **x):
     """A loss as training computes it: the objective's weighted terms reduced once (objectives.Objective) ->
     (loss, {term: its value} | the terms' diagnostics). x: logp, mask and what the terms read."""
-    obj = objectives.build(spec, aggregation, {"kl_estimator": kl_estimator, "is_low": 0.5, "is_high": 2.0})
+    obj = objectives.build(dict(terms=spec, aggregation=aggregation, kl_estimator=kl_estimator))
     x = {k: jnp.asarray(v, jnp.float32) for k, v in x.items()}
     norm = losses.loss_normalizer(x["mask"], aggregation) if normalizer is None else normalizer
     values, metrics = obj.term_losses(x, norm, jnp.maximum(jnp.sum(x["mask"]), 1.0))

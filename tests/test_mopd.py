@@ -46,13 +46,13 @@ def _setup(stage, seed=0):
     teacher_params = (init_params(CFG, jax.random.key(10)), init_params(CFG, jax.random.key(11)))
     tx = optax.sgd(LR)
     state = train_state.create(params, tx, jax.random.key(0))
-    objective = objectives.build(stage.objective, stage.aggregation, stage)
+    objective = objectives.build(stage.objective)
     update_fn = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=CFG, tx=tx, objective=objective,
                                                           domains=((0, "math"), (1, "if"))))
 
     def step(state, batch, teachers):
         roles = update.FrozenRoles(CFG, objective.needs, teachers=teachers, teacher_of_domain=[0, 1],
-                                   topk=stage.distill_topk)
+                                   topk=stage.objective.distill_topk)
         n = len(batch["mask"])  # no reward: MOPD's objective reads no advantages
         batch = {k: v for k, v in batch.items() if k != "teacher_idx"}
         batch |= {"rewards": np.full((1, n), np.nan, np.float32), "truncated": np.zeros((1, n), bool)}
@@ -106,7 +106,7 @@ def test_student_equal_to_teacher_has_zero_loss_and_gradient():
 @pytest.mark.parametrize("objective", ["forward_kl", "reverse_kl", "gjsd"])
 def test_full_distribution_objectives_reduce_per_response_then_mean(objective):
     b = _batch()
-    params, teacher_params, state, step = _setup(_stage(objective={"mopd": 0.0, objective: 1.0}, gjsd_beta=0.3))
+    params, teacher_params, state, step = _setup(_stage(objective=dict(terms={"mopd": 0.0, objective: 1.0}, gjsd_beta=0.3)))
     _, metrics = step(state, b, teacher_params)
 
     def log_softmax(x):
@@ -134,11 +134,11 @@ def test_full_distribution_objectives_reduce_per_response_then_mean(objective):
 
 def test_teacher_refs_default_to_best_per_domain_and_reject_foreign_domains():
     refs = mopd.KIND.teacher_refs
-    assert refs(_stage(teachers={"if": "stage:ifrl"})) == {"math": "best:math", "if": "stage:ifrl"}
+    assert refs(_stage(objective=dict(teachers={"if": "stage:ifrl"}))) == {"math": "best:math", "if": "stage:ifrl"}
     with pytest.raises(ValueError, match="code"):
-        refs(_stage(teachers={"code": "stage:x"}))
+        refs(_stage(objective=dict(teachers={"code": "stage:x"})))
     # the objective decides: no term reads a teacher, no teacher is loaded
-    assert refs(_stage(objective={"mopd": 0.0, "nll": 1.0})) == {}
+    assert refs(_stage(objective=dict(terms={"mopd": 0.0, "nll": 1.0}))) == {}
 
 
 def test_registry_best_per_domain_keeps_the_earlier_stage_on_ties(tmp_path):

@@ -20,9 +20,9 @@ SHRINK = ["--config.model.d_model=32", "--config.model.n_layers=1", "--config.mo
           "--config.eval.avg_k=2", "--config.reward.num_workers=0", "--config.stages.sft.steps=4",
           "--config.stages.sft.batch_size=8", "--config.stages.sft.checkpoint_every=2",
           "--config.stages.sft.eval_every=0", "--config.stages.sft.optim.warmup_steps=1",
-          "--config.stages.grpo.steps=2", "--config.stages.grpo.prompts_per_step=4",
-          "--config.stages.grpo.group_size=4",
-          "--config.stages.grpo.length_curriculum=((0,16),)", "--config.stages.grpo.dynamic_filter=False",
+          "--config.stages.grpo.steps=2", "--config.stages.grpo.rollout.prompts_per_step=4",
+          "--config.stages.grpo.rollout.group_size=4",
+          "--config.stages.grpo.rollout.length_curriculum=((0,16),)", "--config.stages.grpo.filters.dynamic=False",
           "--config.stages.grpo.checkpoint_every=1", "--config.stages.grpo.eval_every=0"]
 
 

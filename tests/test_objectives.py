@@ -61,7 +61,7 @@ def test_mixed_objective_gradient_equals_numpy_derivation():
                            + w["entropy"] * p * (lp_all + H[..., None])
                            + w["reverse_kl"] * p * (lp_all - t_logits - kl_t[..., None]))
 
-    objective = objectives.build(w, "seq_mean_token_mean", SETTINGS)
+    objective = objectives.build(dict(terms=w, aggregation="seq_mean_token_mean", **SETTINGS))
     assert objective.needs == {"advantages", "ref_logp", "teacher_logp", "teacher_logits"}
     f32 = lambda a: jnp.asarray(a, jnp.float32)  # noqa: E731
     batch = {"mask": f32(mask), "advantages": f32(adv), "ref_logp": f32(ref_logp), "sampler_logp": f32(sampler_logp),
@@ -95,8 +95,8 @@ def _stage(**kw):
 
 
 def _run(spec, aggregation, micro_batches=1, tx=None, steps=1, topk=0, batch=None, grad_clip=0.0):
-    stage = _stage(objective=spec, aggregation=aggregation, distill_topk=topk, gjsd_beta=0.3)
-    objective = objectives.build(stage.objective, stage.aggregation, stage)
+    stage = _stage(objective=dict(terms=spec, aggregation=aggregation, distill_topk=topk or None, gjsd_beta=0.3))
+    objective = objectives.build(stage.objective)
     params = init_params(CFG, jax.random.key(0))
     roles = update.FrozenRoles(CFG, objective.needs, reference=init_params(CFG, jax.random.key(1)),
                                teachers=(init_params(CFG, jax.random.key(2)), init_params(CFG, jax.random.key(3))),
@@ -151,7 +151,7 @@ def test_scheduled_weight_follows_its_optax_schedule():
 
 def test_zero_weight_terms_are_not_in_the_compiled_step():
     def n_eqns(spec):
-        objective = objectives.build(spec, "token_mean", SETTINGS)
+        objective = objectives.build(dict(terms=spec, aggregation="token_mean", **SETTINGS))
         tx = optax.sgd(1.0)
         state = train_state.create(init_params(CFG, jax.random.key(0)), tx, jax.random.key(0))
         return len(jax.make_jaxpr(lambda s, b: update.policy_update(s, b, model_cfg=CFG, tx=tx,
@@ -159,7 +159,8 @@ def test_zero_weight_terms_are_not_in_the_compiled_step():
     assert n_eqns({"pg": 1.0, "entropy": 0.0, "kl": 0.0}) == n_eqns({"pg": 1.0})
     assert n_eqns({"pg": 1.0, "entropy": 0.1}) > n_eqns({"pg": 1.0})
     # and a frozen role only a zero-weight term reads is never scored
-    assert objectives.build({"pg": 1.0, "kl": 0.0, "mopd": 0.0}, "token_mean", SETTINGS).needs == {"advantages"}
+    spec = dict(terms={"pg": 1.0, "kl": 0.0, "mopd": 0.0}, aggregation="token_mean", **SETTINGS)
+    assert objectives.build(spec).needs == {"advantages"}
     assert update.FrozenRoles(CFG, {"advantages"})(_batch()) == {}
 
 
@@ -192,15 +193,17 @@ def test_frozen_parameters_do_not_move():
 
 
 def test_objective_problems_name_the_key():
-    bad = objectives.problems({"pg": 1.0, "kll": 0.1, "kl": "x", "entropy": {"schedule": "cosine"}}, "tok", SETTINGS)
-    assert any(b.startswith("objective.kll: unknown term") for b in bad)
-    assert any(b.startswith("objective.kl='x': a weight is a number") for b in bad)
-    assert any(b.startswith("objective.entropy: bad schedule") for b in bad)
-    assert any(b.startswith("aggregation='tok'") for b in bad)
-    assert objectives.problems({"pg": 0.0}, "token_mean", SETTINGS) == [
-        "objective={'pg': 0.0}: every weight is 0, nothing would train"]
-    assert objectives.problems({"kl": 1.0}, "token_mean", {}) == [
-        "objective.kl: reads the stage key 'kl_estimator', which this stage lacks"]
+    bad = objectives.problems(dict(terms={"pg": 1.0, "kll": 0.1, "kl": "x", "entropy": {"schedule": "cosine"}},
+                                   aggregation="tok", kl_estimator="k4", micro_batches=0, klestimator="k3"))
+    assert any(b.startswith("objective.terms.kll: unknown term") for b in bad)
+    assert any(b.startswith("objective.terms.kl='x': a weight is a number") for b in bad)
+    assert any(b.startswith("objective.terms.entropy: bad schedule") for b in bad)
+    assert any(b.startswith("objective.aggregation='tok'") for b in bad)
+    assert any(b.startswith("objective.kl_estimator='k4'") for b in bad)
+    assert any(b.startswith("objective.micro_batches=0") for b in bad)
+    assert any(b.startswith("objective.klestimator: unknown key") for b in bad)
+    assert objectives.problems(dict(terms={"pg": 0.0})) == [
+        "objective.terms={'pg': 0.0}: every weight is 0, nothing would train"]
 
 
 def test_a_term_name_cannot_be_taken_twice():
@@ -231,8 +234,9 @@ def test_a_term_reading_logits_unannounced_is_told_how():
     def peek(x):
         return x["logits"][..., 0], {}
 
-    objective = objectives.build({"_peek_logits": 1.0}, "token_mean", SETTINGS)
-    assert not objective.reads_logits and objectives.build({"entropy": 1.0}, "token_mean", SETTINGS).reads_logits
+    objective = objectives.build(dict(terms={"_peek_logits": 1.0}, aggregation="token_mean", **SETTINGS))
+    assert not objective.reads_logits
+    assert objectives.build(dict(terms={"entropy": 1.0}, aggregation="token_mean", **SETTINGS)).reads_logits
     with pytest.raises(KeyError, match=r"'_peek_logits' reads x\['logits'\].*logits=True"):
         objective.term_losses({"logp": jnp.zeros((1, 2)), "mask": jnp.ones((1, 2))}, 1.0, 2.0)
     objectives.TERMS.pop("_peek_logits")

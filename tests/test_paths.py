@@ -156,7 +156,8 @@ def _tiny(tmp_path):
     cfg.tokenizer.path = ""
     cfg.eval.update(n=8, val_n=8)
     cfg.stages.sft.update(steps=4, batch_size=4, seq_len=96, checkpoint_every=2, eval_every=0)
-    cfg.stages.grpo.update(steps=1, eval_every=0, prompts_per_step=2, group_size=2, length_curriculum=((0, 24),))
+    cfg.stages.grpo.update(steps=1, eval_every=0, rollout=dict(prompts_per_step=2, group_size=2,
+                                                               length_curriculum=((0, 24),)))
     cfg.stage_order = ("sft", "grpo")
     return cfg
 

@@ -146,7 +146,7 @@ def test_reward_model_source_scores_groups_scalar_and_pairwise():
             return np.tile([0.0, math.log(3.0)], len(prompts) // 2)
 
     for mode in ("scalar", "pairwise"):
-        stage = common.stage_config("grpo", grpo.DEFAULTS, domains=["pref"], group_size=2,
+        stage = common.stage_config("grpo", grpo.DEFAULTS, domains=["pref"], rollout=dict(group_size=2),
                                     reward=dict(source="reward_model", model="rm", mode=mode))
         scorer = object.__new__(reward_sources.RewardModelScorer)
         scorer.stage, scorer.rm = stage, StubRM()

@@ -62,12 +62,14 @@ def multi_base(name: str, domains: dict[str, dict]) -> ml_collections.ConfigDict
 # METHOD.md "Paper defaults per stage" (Cascade 2 Tab. 8-10): what a GRPO stage training these domains sets on top
 # of the shared base (no KL, refill up to 3 rounds). Math RL is not in Cascade 2's table (its math teacher is the SFT
 # checkpoint): [ours] no overlong treatment there, as cascade_math has always run.
-PAPER_STAGE = {
-    "if": dict(overlong="penalty"),  # IF-RL: a truncated rollout gets reward 0 and stays in the batch
-    "mcq": dict(overlong="filter"), "json": dict(overlong="filter"), "tool": dict(overlong="filter"),  # multi-domain
-    "pref": dict(overlong="filter", objective=dict(pg=1.0, kl=0.03, entropy=0.0)),  # RLHF: the one stage with KL
-    "longctx": dict(overlong="filter"),
-    "code": dict(overlong="filter", top_p=0.95),
+PAPER_STAGE = {  # part -> key -> value
+    "if": dict(filters=dict(overlong="penalty")),  # IF-RL: a truncated rollout gets reward 0 and stays in the batch
+    "mcq": dict(filters=dict(overlong="filter")), "json": dict(filters=dict(overlong="filter")),  # multi-domain
+    "tool": dict(filters=dict(overlong="filter")),
+    "pref": dict(filters=dict(overlong="filter"),
+                 objective=dict(terms=dict(pg=1.0, kl=0.03, entropy=0.0))),  # RLHF: the one stage with KL
+    "longctx": dict(filters=dict(overlong="filter")),
+    "code": dict(filters=dict(overlong="filter"), rollout=dict(top_p=0.95)),
 }
 # Cascade 2's multi-domain RL mix: ~55% STEM multiple choice, 30% tool calling, 15% structured output
 MULTI_DOMAIN_MIX = {"mcq": 0.55, "tool": 0.30, "json": 0.15}
@@ -77,26 +79,31 @@ KL_VARIANT = 0.05  # the `kl` variants' coefficient: KL to each stage's start, a
 def grpo_stage(domains, steps: int, **kw) -> ml_collections.ConfigDict:
     """A domain-wise GRPO stage with the paper's defaults for its domains (`PAPER_STAGE`, the multi-domain mix):
     16 x 8, dynamic filter with up to 3 sampling rounds to refill it, no KL, warm-up from 0.1x; `kw` overrides
-    any key (a departure a toy needs belongs in a named variant, e.g. `kl_variant`)."""
-    base = dict(prompts_per_step=16, group_size=8, length_curriculum=((0, 112),), checkpoint_every=20,
-                eval_every=20, eval_n=64, dynamic_filter=True, refill_rounds=3,
-                objective=dict(pg=1.0, kl=0.0, entropy=0.0), kl_estimator="k3",
+    any key, a part's keys one by one (a departure a toy needs belongs in a named variant, e.g. `kl_variant`)."""
+    base = dict(checkpoint_every=20, eval_every=20, eval_n=64,
+                rollout=dict(prompts_per_step=16, group_size=8, length_curriculum=((0, 112),)),
+                filters=dict(dynamic=True, refill_rounds=3),
+                objective=dict(terms=dict(pg=1.0, kl=0.0, entropy=0.0), kl_estimator="k3"),
                 optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
                            grad_clip=1.0))
-    base |= paper_settings(domains)
     mix = {d: w for d, w in MULTI_DOMAIN_MIX.items() if d in domains}
     if len(domains) > 1 and len(mix) == len(domains):
-        base["mix"] = mix
-    kw["optim"] = base["optim"] | dict(kw.get("optim", {}))  # override single optimiser keys, keep the rest
-    return common.stage_config("grpo", grpo.DEFAULTS, domains=list(domains), steps=steps, **(base | kw))
+        base["rollout"]["mix"] = mix
+    for part in (paper_settings(domains), kw):  # a part's keys update the part; other keys replace
+        for k, v in part.items():
+            base[k] = base[k] | dict(v) if k in common.PARTS and k in base else v
+    return common.stage_config("grpo", grpo.DEFAULTS, domains=list(domains), steps=steps, **base)
 
 
 def paper_settings(domains) -> dict:
     """The `PAPER_STAGE` settings every one of `domains` shares (a stage over domains that the paper trains
-    apart, e.g. a recovery arm over all of them, takes only what they agree on)."""
-    entries = [PAPER_STAGE.get(d, {}) for d in domains]
-    keys = set().union(*entries)
-    return {k: entries[0][k] for k in keys if all(k in e and e[k] == entries[0][k] for e in entries)}
+    apart, e.g. a recovery arm over all of them, takes only what they agree on) -> {part: {key: value}}."""
+    entries = [{(p, k): v for p, d in PAPER_STAGE.get(dom, {}).items() for k, v in d.items()} for dom in domains]
+    out = {}
+    for (p, k), v in entries[0].items():
+        if all(e.get((p, k), object()) == v for e in entries):
+            out.setdefault(p, {})[k] = v
+    return out
 
 
 def variants(config: str, arg: str | None, known: tuple[str, ...]) -> set[str]:
@@ -115,5 +122,5 @@ def kl_variant(c: ml_collections.ConfigDict, coef: float = KL_VARIANT) -> None:
     keeps its 0.03). A tiny model may need it for stability; it also damps forgetting, so regression tables from
     it are not the paper's."""
     for stage in c.stages.values():
-        if stage.kind == "grpo" and stage.objective.get("kl", 0.0) == 0.0:
-            stage.objective.kl = coef
+        if stage.kind == "grpo" and stage.objective.terms.get("kl", 0.0) == 0.0:
+            stage.objective.terms.kl = coef

@@ -32,7 +32,8 @@ DOMAINS = {
 LONG = dict(max_prompt_len=224)  # long-context and SWE prompts (measured: ~130-210 tokens at vocab 1024)
 # Every RL stage: 8 prompts x 8 rollouts, 16-24 steps (cascade_math and cascade_demo use 16 x 8). Measured on 2 CPU
 # cores: 3-8 s a step, 1-2.5 min a stage plus ~1 min evaluating all domains; the SFT's 700 packed steps take 15 min.
-RL = dict(prompts_per_step=8, eval_every=8)
+RL = dict(rollout=dict(prompts_per_step=8), eval_every=8)
+LONG_RL = dict(rollout=dict(prompts_per_step=8, **LONG), eval_every=8)
 
 
 def base(name: str, arg: str | None) -> ml_collections.ConfigDict:
@@ -54,13 +55,13 @@ def base(name: str, arg: str | None) -> ml_collections.ConfigDict:
     c.stages.rm = common.stage_config("rm", rm.DEFAULTS, domains=["pref"], steps=100, batch_size=32, seq_len=96,
                                       checkpoint_every=50, optim=dict(lr=1e-3, warmup_steps=10, schedule="cosine"))
     rlhf = dict(reward=dict(source="reward_model", model="rm", mode="pairwise", conciseness_bonus=0.1),
-                dynamic_filter=False)  # KL 0.03
+                filters=dict(dynamic=False))  # KL 0.03
     c.stages.rlhf = grpo_stage(["pref"], 20, **RL, **rlhf)
     c.stages.if_rl = grpo_stage(["if"], 24, **RL)
     c.stages.code_rl = grpo_stage(["code"], 24, **RL)
-    c.stages.longctx_rl = grpo_stage(["longctx"], 16, **RL, **LONG)
-    c.stages.swe_agentless = grpo_stage(["swe"], 16, mask_if_max_reward_below=0.5, **RL, **LONG)
-    c.stages.swe_exec = grpo_stage(["swe"], 16, rewards={"swe": "swe_exec"}, **RL, **LONG)
+    c.stages.longctx_rl = grpo_stage(["longctx"], 16, **LONG_RL)
+    c.stages.swe_agentless = grpo_stage(["swe"], 16, filters=dict(max_reward_below=0.5), **LONG_RL)
+    c.stages.swe_exec = grpo_stage(["swe"], 16, reward=dict(verifiers={"swe": "swe_exec"}), **LONG_RL)
     if "tiny" not in tags:  # the real benchmarks, by name, after every stage (a tiny model scores ~0: a floor);
         # n=0: every item whose prompt fits in max_prompt_len
         c.eval.sets = {name: dict(n=0, max_prompt_len=1024, max_new_tokens=64) for name in ("humaneval", "ifbench")}
@@ -79,11 +80,11 @@ def shrink(c: ml_collections.ConfigDict) -> None:
     """tiny: every RL / distillation stage takes 2 steps of 4 x 2 rollouts."""
     for name, stage in c.stages.items():
         if stage.kind in ("grpo", "mopd"):
-            stage.update(steps=2, prompts_per_step=4, group_size=2, eval_every=0, checkpoint_every=2)
+            stage.update(steps=2, rollout=dict(prompts_per_step=4, group_size=2), eval_every=0, checkpoint_every=2)
             if stage.kind == "grpo":
-                stage.update(length_curriculum=((0, 48),))
+                stage.rollout.length_curriculum = ((0, 48),)
             else:
-                stage.update(max_new_tokens=48)
+                stage.rollout.max_new_tokens = 48
 
 
 # Cascade 2's judges are language models: the SFT also learns to judge (which of a pref pair is better; does a
@@ -105,10 +106,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.stages.rlhf_branch.update(init_from="stage:sft", side_branch=True)
     c.stages.multi_rl = grpo_stage(["mcq", "json", "tool"], 24, **RL)  # merged: short, cheap verifiers (METHOD.md)
     c.stages.mopd = common.stage_config(
-        "mopd", mopd.DEFAULTS, domains=["math", "pref", "if", "mcq", "json", "tool"], steps=20, prompts_per_step=12,
-        group_size=4, max_new_tokens=112, checkpoint_every=10, eval_every=10, eval_n=32,
-        teachers={"math": "stage:sft", "pref": "stage:rlhf_branch",
-                  **{d: "best:if+mcq+json+tool" for d in ("if", "mcq", "json", "tool")}},
+        "mopd", mopd.DEFAULTS, domains=["math", "pref", "if", "mcq", "json", "tool"], steps=20,
+        rollout=dict(prompts_per_step=12, group_size=4, max_new_tokens=112), checkpoint_every=10, eval_every=10,
+        eval_n=32, objective=dict(teachers={"math": "stage:sft", "pref": "stage:rlhf_branch",
+                                            **{d: "best:if+mcq+json+tool" for d in ("if", "mcq", "json", "tool")}}),
         optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
                    grad_clip=1.0))
     c.stage_order = ("sft", "rlhf_branch", "if_rl", "multi_rl", "mopd", "rlhf", "longctx_rl", "code_rl",

@@ -55,7 +55,8 @@ SFT_MIX = {"mcq": 2.0, "if": 1.5, "math": 1.5, "json": 1.0, "tool": 1.0, "code":
 MULTI = ["mcq", "tool", "json"]
 TEACHERS = {**{d: "best:" + "+".join(["if"] + MULTI) for d in ["if"] + MULTI}, "math": "best:math",
             "code": "best:code"}
-RECOVER = dict(steps=24, prompts_per_step=16, group_size=4, eval_every=4, eval_n=200, checkpoint_every=8)
+RECOVER = dict(steps=24, eval_every=4, eval_n=200, checkpoint_every=8)  # and rollout=RECOVER_ROLLOUT
+RECOVER_ROLLOUT = dict(prompts_per_step=16, group_size=4)
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -74,17 +75,18 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # Steps per stage: at 20 each (seed 0, 532d551) if +11.6, json +12.8 and code +53.4 points, but mcq +0.0, tool
     # +0.6 and math -1.8 (math's reward had no trend in 20 steps, half of them LR warm-up); cascade_math's GRPO
     # needs tens of steps to learn carrying. So the slow stages get more: multi-domain 40, math 60.
-    rl = dict(prompts_per_step=16, group_size=8, eval_every=0, checkpoint_every=10)
+    rl = dict(rollout=dict(prompts_per_step=16, group_size=8), eval_every=0, checkpoint_every=10)
     c.stages.if_rl = grpo_stage(["if"], 30, **rl)
     c.stages.multi_rl = grpo_stage(MULTI, 40, **rl)  # the paper's 55/30/15 mix (PAPER_STAGE / MULTI_DOMAIN_MIX)
     c.stages.math_rl = grpo_stage(["math"], 60, **rl)
     c.stages.code_rl = grpo_stage(["code"], 20, **rl)
     c.stages.mopd = common.stage_config(
-        "mopd", mopd.DEFAULTS, domains=list(DOMAINS), max_new_tokens=112, teachers=dict(TEACHERS),
+        "mopd", mopd.DEFAULTS, domains=list(DOMAINS), rollout=dict(RECOVER_ROLLOUT, max_new_tokens=112),
+        objective=dict(teachers=dict(TEACHERS)),
         optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
                    grad_clip=1.0), **RECOVER)
-    c.stages.grpo_arm = grpo_stage(list(DOMAINS), length_curriculum=((0, 112),), init_from="stage:multi_rl",
-                                   side_branch=True, **RECOVER)
+    c.stages.grpo_arm = grpo_stage(list(DOMAINS), rollout=dict(RECOVER_ROLLOUT, length_curriculum=((0, 112),)),
+                                   init_from="stage:multi_rl", side_branch=True, **RECOVER)
     c.stage_order = ("sft", "if_rl", "multi_rl", "mopd", "math_rl", "code_rl", "grpo_arm")
     c.compare = dict(stages=("grpo_arm", "mopd"), key="eval/math/pass@1", start_stage="multi_rl", domain="math")
     if "kl" in tags:
@@ -100,11 +102,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.eval.update(n=32, val_n=32, batch_size=32, avg_k=2)
         c.stages.sft.update(steps=150, checkpoint_every=50)
         for name in ("if_rl", "multi_rl", "math_rl", "code_rl"):
-            c.stages[name].update(steps=3, prompts_per_step=4, group_size=4, length_curriculum=((0, 64),))
+            c.stages[name].update(steps=3, rollout=dict(prompts_per_step=4, group_size=4, length_curriculum=((0, 64),)))
         for name in ("mopd", "grpo_arm"):
             # one quick eval at the end: the arms' comparison plot (config.compare) needs a point per arm
-            c.stages[name].update(steps=3, prompts_per_step=6, group_size=2, eval_every=3, eval_n=16,
+            c.stages[name].update(steps=3, rollout=dict(prompts_per_step=6, group_size=2), eval_every=3, eval_n=16,
                                   checkpoint_every=3)
-        c.stages.mopd.update(max_new_tokens=64)
-        c.stages.grpo_arm.update(length_curriculum=((0, 64),))
+        c.stages.mopd.rollout.max_new_tokens = 64
+        c.stages.grpo_arm.rollout.length_curriculum = ((0, 64),)
     return c

@@ -27,10 +27,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         eval_every=100, eval_n=128,
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=100, weight_decay=0.01, min_lr_frac=0.05))
     c.stages.grpo = common.stage_config(
-        "grpo", grpo.DEFAULTS, domains=["math"], steps=120, prompts_per_step=16, group_size=8,
-        length_curriculum=((0, 80), (60, 112)), checkpoint_every=20, eval_every=20, eval_n=128,
-        dynamic_filter=True, refill_rounds=3,  # up to 3 sampling rounds to refill a filtered batch
-        objective=dict(pg=1.0, kl=0.0, entropy=0.0), kl_estimator="k3",  # the paper: no KL outside RLHF
+        "grpo", grpo.DEFAULTS, domains=["math"], steps=120, checkpoint_every=20, eval_every=20, eval_n=128,
+        rollout=dict(prompts_per_step=16, group_size=8, length_curriculum=((0, 80), (60, 112))),
+        filters=dict(dynamic=True, refill_rounds=3),  # up to 3 sampling rounds to refill a filtered batch
+        objective=dict(terms=dict(pg=1.0, kl=0.0, entropy=0.0), kl_estimator="k3"),  # the paper: no KL outside RLHF
         # Adam's first steps move every weight by ~lr: warm up from 0.1x or the SFT policy collapses
         # (measured: constant 1e-3 took reward 0.54 -> 0.34 in one step). Then cosine decay to 0.05x: most of
         # the gain comes in the first ~20 steps and a constant LR drifts after it (seeds 0/1/2: +13.8/+14.8/
@@ -43,6 +43,6 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if "tiny" in tags:
         math_tiny(c)
         c.stages.sft.update(steps=400, seq_len=80, checkpoint_every=100, eval_every=100, eval_n=64)
-        c.stages.grpo.update(steps=24, length_curriculum=((0, 64), (12, 80)), checkpoint_every=12,
+        c.stages.grpo.update(steps=24, rollout=dict(length_curriculum=((0, 64), (12, 80))), checkpoint_every=12,
                              eval_every=12, eval_n=64)
     return c

@@ -38,10 +38,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "sft", sft.DEFAULTS, domains=list(DOMAINS), steps=400, batch_size=16, seq_len=288, pack=True,
         checkpoint_every=100, eval_every=200, eval_n=64,
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=40, weight_decay=0.01, min_lr_frac=0.05))
-    c.stages.rlhf = grpo_stage(["pref"], 20, prompts_per_step=8, group_size=8, eval_every=10, dynamic_filter=False,
+    c.stages.rlhf = grpo_stage(["pref"], 20, rollout=dict(prompts_per_step=8, group_size=8,
+                                                          length_curriculum=((0, 64),)),
+                               eval_every=10, filters=dict(dynamic=False),
                                reward=dict(source="judge", judge="stage:sft", mode="pairwise", conciseness_bonus=0.1,
-                                           judge_max_len=352, judge_batch_size=112),
-                               length_curriculum=((0, 64),))
+                                           judge_max_len=352, judge_batch_size=112))
     c.stage_order = ("sft", "rlhf")
     if "judge_branch" in tags:  # [ours] a judge trained further: 300 more steps on judge_pref alone, a side branch
         c.stages.judge_sft = common.stage_config(
@@ -57,7 +58,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
             c.data.domains[d].update(num_train=400, num_test=16)
         c.eval.update(n=8, val_n=8, batch_size=16, avg_k=2)
         c.stages.sft.update(steps=20, eval_every=0, checkpoint_every=20)
-        c.stages.rlhf.update(steps=2, prompts_per_step=2, group_size=3, eval_every=0, checkpoint_every=2,
+        c.stages.rlhf.update(steps=2, rollout=dict(prompts_per_step=2, group_size=3), eval_every=0, checkpoint_every=2,
                              reward=dict(judge_batch_size=12))
         if "judge_sft" in c.stages:
             c.stages.judge_sft.update(steps=10, checkpoint_every=10)

@@ -23,11 +23,13 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     arm = dict(steps=steps, eval_every=every, eval_n=c.stages.grpo.eval_n, checkpoint_every=every,
                init_from="stage:sft", side_branch=True)
     c.stages.grpo_arm = ml_collections.ConfigDict(c.stages.grpo.to_dict())
-    c.stages.grpo_arm.update(arm, length_curriculum=((0, c.stages.grpo.length_curriculum[-1][1]),))
+    r = c.stages.grpo.rollout
+    c.stages.grpo_arm.update(arm, rollout=dict(length_curriculum=((0, r.length_curriculum[-1][1]),)))
     c.stages.mopd_arm = common.stage_config(
-        "mopd", mopd.DEFAULTS, domains=["math"], prompts_per_step=c.stages.grpo.prompts_per_step,
-        group_size=c.stages.grpo.group_size, max_new_tokens=c.stages.grpo.length_curriculum[-1][1],
-        teachers={"math": "best:math"}, optim=dict(c.stages.grpo.optim.to_dict()), **arm)
+        "mopd", mopd.DEFAULTS, domains=["math"], rollout=dict(prompts_per_step=r.prompts_per_step,
+                                                              group_size=r.group_size,
+                                                              max_new_tokens=r.length_curriculum[-1][1]),
+        objective=dict(teachers={"math": "best:math"}), optim=dict(c.stages.grpo.optim.to_dict()), **arm)
     c.stage_order = ("sft", "grpo", "grpo_arm", "mopd_arm")
     c.compare = dict(stages=("grpo_arm", "mopd_arm"), key="eval/math/pass@1", start_stage="sft", domain="math")
     return c

@@ -73,9 +73,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         "sft", sft.DEFAULTS, domains=both, steps=70, batch_size=8, seq_len=128, pack=True, checkpoint_every=20,
         eval_every=35, eval_n=100,
         optim=dict(lr=2e-5, schedule="cosine", warmup_steps=4, weight_decay=0.0, min_lr_frac=0.1))
-    rl = dict(steps=16, prompts_per_step=4, group_size=16, length_curriculum=((0, 64),), checkpoint_every=4,
-              eval_every=8, eval_n=100, dynamic_filter=True, refill_rounds=2, overlong="filter",
-              objective=dict(pg=1.0, kl=0.0, entropy=0.0),
+    rl = dict(steps=16, rollout=dict(prompts_per_step=4, group_size=16, length_curriculum=((0, 64),)),
+              checkpoint_every=4, eval_every=8, eval_n=100,
+              filters=dict(dynamic=True, refill_rounds=2, overlong="filter"),
+              objective=dict(terms=dict(pg=1.0, kl=0.0, entropy=0.0)),
               # METHOD.md: ~3e-6 at 30B, "scale up for tiny models": 1e-5 at 135M, warmed up from 0.1x over 4
               # steps (Adam's first steps move every weight by ~lr). At 3e-6, 16 steps moved rg_arith's greedy
               # accuracy by -0.8 points [-3.6, +2.0] (README, the first seed-0 run)
@@ -84,7 +85,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.stages.grpo_math = common.stage_config("grpo", grpo.DEFAULTS, domains=["math"], **rl)
     c.stages.grpo_arith = common.stage_config("grpo", grpo.DEFAULTS, domains=["rg_arith"], **rl)
     c.stages.mopd = common.stage_config(  # teachers: "best:<domain>" on validation (init, SFT or a GRPO stage)
-        "mopd", mopd.DEFAULTS, domains=both, steps=16, prompts_per_step=8, group_size=4, max_new_tokens=64,
+        "mopd", mopd.DEFAULTS, domains=both, steps=16, rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=64),
         checkpoint_every=4, eval_every=8, eval_n=100,
         optim=dict(lr=2e-6, schedule="linear_warmup", warmup_steps=8, warmup_init=0.1, grad_clip=1.0))
     c.stage_order = ("sft", "grpo_math", "grpo_arith", "mopd")
@@ -95,8 +96,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.eval.update(n=4, val_n=4, batch_size=8, max_new_tokens=12, avg_k=2)
         c.stages.sft.update(steps=2, batch_size=4, checkpoint_every=2, eval_every=0)
         for name in ("grpo_math", "grpo_arith", "mopd"):
-            c.stages[name].update(steps=2, prompts_per_step=2, checkpoint_every=2, eval_every=0)
+            c.stages[name].update(steps=2, rollout=dict(prompts_per_step=2), checkpoint_every=2, eval_every=0)
         for name in ("grpo_math", "grpo_arith"):
-            c.stages[name].update(group_size=4, length_curriculum=((0, 12),), dynamic_filter=False)
-        c.stages.mopd.update(max_new_tokens=12)
+            c.stages[name].update(rollout=dict(group_size=4, length_curriculum=((0, 12),)), filters=dict(dynamic=False))
+        c.stages.mopd.rollout.max_new_tokens = 12
     return c

@@ -62,12 +62,12 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.stages.sft = common.stage_config(
         "sft", sft.DEFAULTS, domains=["sort_words"], steps=400, batch_size=32, seq_len=96, checkpoint_every=100,
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=50, weight_decay=0.01, min_lr_frac=0.05))
-    c.stages.grpo = grpo_stage(["sort_words"], 40, length_curriculum=((0, 48),), eval_every=20)
+    c.stages.grpo = grpo_stage(["sort_words"], 40, rollout=dict(length_curriculum=((0, 48),)), eval_every=20)
     c.stage_order = ("sft", "grpo")
     if "tiny" in tags:  # about two minutes on two CPU cores
         c.model.update(n_layers=2)
         c.data.domains.sort_words.update(num_train=2000, num_test=256)
         c.eval.update(n=64, val_n=64, batch_size=64)
         c.stages.sft.update(steps=150, checkpoint_every=150)
-        c.stages.grpo.update(steps=4, prompts_per_step=8, checkpoint_every=4, eval_every=4, eval_n=32)
+        c.stages.grpo.update(steps=4, rollout=dict(prompts_per_step=8), checkpoint_every=4, eval_every=4, eval_n=32)
     return c

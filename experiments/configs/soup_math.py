@@ -62,7 +62,7 @@ def length_penalty(x):
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = cascade_math(arg)
     c.name = "soup_math"
-    c.stages.grpo.objective = dict(c.stages.grpo.objective.to_dict(), length=0.05)
+    c.stages.grpo.objective.terms = dict(c.stages.grpo.objective.terms.to_dict(), length=0.05)
     c.stages.branch = common.stage_config(  # more SFT from the SFT checkpoint, at a lower LR, off the main line
         "sft", sft.DEFAULTS, domains=["math"], steps=c.stages.sft.steps // 4, batch_size=32,
         seq_len=c.stages.sft.seq_len, init_from="stage:sft", side_branch=True, checkpoint_every=100,

@@ -60,12 +60,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=100, weight_decay=0.01, min_lr_frac=0.05))
     # RL learning rate chosen on validation, seed 0, among {2e-4 (grpo_stage's toy default), 5e-5}: at 2e-4 both arms
     # fell below their SFT (validation swe@single 45.5 -> 34.5 after rl_single); variant high_lr is that run
-    agent = dict(prompts_per_step=8, group_size=8, eval_every=0, init_from="stage:sft", side_branch=True,
-                 max_prompt_len=160, overlong="none", optim=dict(lr=RL_LR))
-    c.stages.rl_single = grpo_stage(["swe"], 30, rewards={"swe": "swe_exec"}, length_curriculum=((0, BUDGET),),
-                                    **agent)
-    c.stages.rl_multi = grpo_stage(["swe"], 30, max_turns=3, max_total_tokens=BUDGET, envs={"swe": "swe_repair"},
-                                   max_obs_tokens=160, length_curriculum=((0, TURN),), **agent)
+    agent = dict(eval_every=0, init_from="stage:sft", side_branch=True, filters=dict(overlong="none"),
+                 optim=dict(lr=RL_LR))
+    rollout = dict(prompts_per_step=8, group_size=8, max_prompt_len=160)
+    c.stages.rl_single = grpo_stage(["swe"], 30, reward=dict(verifiers={"swe": "swe_exec"}),
+                                    rollout=dict(rollout, length_curriculum=((0, BUDGET),)), **agent)
+    c.stages.rl_multi = grpo_stage(["swe"], 30, episodes=dict(max_turns=3, max_total_tokens=BUDGET,
+                                                              envs={"swe": "swe_repair"}, max_obs_tokens=160),
+                                   rollout=dict(rollout, length_curriculum=((0, TURN),)), **agent)
     c.stage_order = ("sft", "rl_single", "rl_multi")
     if "high_lr" in tags or "single_turn_sft" in tags:  # both RL arms at grpo_stage's toy default, as first run
         for arm in ("rl_single", "rl_multi"):
@@ -83,10 +85,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.eval.update(n=4, val_n=4, batch_size=4)
         c.stages.sft.update(steps=10, checkpoint_every=10)
         for s in ("rl_single", "rl_multi"):
-            c.stages[s].update(steps=2, prompts_per_step=2, group_size=2, checkpoint_every=2)
-        c.stages.rl_multi.update(length_curriculum=((0, 24),), max_total_tokens=256,  # room for 3 turns of 24
-                                 prefilter_prompts=4, prefilter_samples=2, prefilter_drop_unsolved=0.5)
-        c.stages.rl_single.length_curriculum = ((0, 256),)
+            c.stages[s].update(steps=2, rollout=dict(prompts_per_step=2, group_size=2), checkpoint_every=2)
+        c.stages.rl_multi.update(rollout=dict(length_curriculum=((0, 24),)),
+                                 episodes=dict(max_total_tokens=256),  # room for 3 turns of 24
+                                 prefilter=dict(prompts=4, samples=2, drop_unsolved=0.5))
+        c.stages.rl_single.rollout.length_curriculum = ((0, 256),)
         c.eval.agents.single.update(max_new_tokens=256, avg_k=2)  # avg@k of agents exercised in CI
         c.eval.agents.multi.update(max_new_tokens=24, max_total_tokens=256, avg_k=2)
     if "rl_repeats" in tags:  # after "tiny": the repeats copy the arms as they stand

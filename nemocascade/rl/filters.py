@@ -16,6 +16,29 @@ import jax
 import numpy as np
 
 OVERLONG_MODES = ("filter", "penalty", "none")
+# A stage's `filters` dict, read here and by the on-policy loop (stages/onpolicy.py sample_groups)
+DEFAULTS = dict(
+    dynamic=False,  # DAPO's dynamic filter: drop groups whose rewards are all equal ...
+    refill_rounds=3,  # ... and sample again, at most this many rounds a step, to refill the batch
+    overlong="none",  # a truncated rollout: "filter" (out of the loss), "penalty" (reward 0) or "none"
+    max_reward_below=None,  # drop a group whose best reward is not above this (agentless SWE: 0.5); None: off
+    epoch=False,  # C1's epoch filter (EpochFilter, its readmission rates)
+)
+
+
+def problems(stage, trains_on_rewards: bool) -> list[str]:
+    """What is wrong with a stage's `filters` dict, as `filters.<key>: problem` lines (empty: fine)."""
+    f = stage.filters
+    bad = [f"filters.{k}: unknown key; known: {sorted(DEFAULTS)}" for k in sorted(set(f) - set(DEFAULTS))]
+    if bad:
+        return bad
+    bad += [f"filters.refill_rounds={f.refill_rounds} must be >= 1"] if f.refill_rounds < 1 else []
+    bad += [f"filters.overlong={f.overlong!r}; choose one of {OVERLONG_MODES}"] if f.overlong not in OVERLONG_MODES \
+        else []
+    if not trains_on_rewards:  # the reward filters act on groups the loss never reads
+        bad += [f"filters.{k}: filters groups by reward, but no objective term trains on rewards"
+                for k in ("dynamic", "epoch", "max_reward_below") if f[k] not in (False, None)]
+    return bad
 
 
 def _check_rewards(rewards, name="rewards"):
@@ -40,7 +63,7 @@ def dynamic_filter_keep(rewards):
 
 def max_reward_keep(rewards, threshold):
     """bool [P]: True where the best rollout scores strictly above ``threshold``
-    (``mask_if_max_reward_below``; agentless SWE uses 0.5)."""
+    (``filters.max_reward_below``; agentless SWE uses 0.5)."""
     rewards = _check_rewards(rewards)
     return rewards.max(axis=1) > threshold
 

@@ -28,6 +28,53 @@ from nemocascade.data import pipeline
 from nemocascade.mesh import batch_sharding, shard_batch, to_host
 from nemocascade.rl import episodes, filters
 
+# A stage's `rollout` dict: what is sampled each step, read here alone (and validated by `problems`).
+DEFAULTS = dict(
+    prompts_per_step=16, group_size=8,
+    mix={},  # domain -> weight of its share of the prompt stream (unnamed domains weigh 1; {} = equal shares)
+    max_prompt_len=None,  # None: config.eval.max_prompt_len; long-context stages raise it
+    max_new_tokens=96,  # response budget; `length_curriculum` ((start_step, max_new_tokens), ...) overrides it
+    length_curriculum=(),  # in sub-stages, C1 math RL style
+    temperature=1.0, top_p=1.0, top_k=None,  # top_k None: no top-k cut
+    score_overlap=1,  # rollouts generate in this many chunks of prompts; the verifiers score chunk c while c+1
+    # generates (`pipelined`; the largest divisor of the prompt count at most this). 1 (no overlap) by default:
+    # smaller sampler batches cost more than cheap verifiers save (SmolLM2 GRPO 2x4x96, 2 chunks: generate 9.15 s
+    # vs 5.92 s, score 0.01 s); raise it where verifiers are slow (sandboxed code)
+)
+
+
+def problems(stage) -> list[str]:
+    """What is wrong with a stage's `rollout` dict, as `rollout.<key>: problem` lines (empty: fine)."""
+    r = stage.rollout
+    bad = [f"rollout.{k}: unknown key; known: {sorted(DEFAULTS)}" for k in sorted(set(r) - set(DEFAULTS))]
+    if bad:
+        return bad
+    bad += [f"rollout.{k}={r[k]} must be >= 1" for k in ("prompts_per_step", "group_size", "max_new_tokens",
+                                                           "score_overlap") if r[k] < 1]
+    bad += [f"rollout.{k}={r[k]} must be None or >= 1" for k in ("max_prompt_len", "top_k")
+            if r[k] is not None and r[k] < 1]
+    curriculum = list(r.length_curriculum)
+    if curriculum and (min(s for s, _ in curriculum) != 0 or min(n for _, n in curriculum) < 1):
+        bad.append(f"rollout.length_curriculum={curriculum}: needs an entry at step 0 and max_new_tokens >= 1 "
+                   "everywhere (room for a response)")
+    bad += [f"rollout.temperature={r.temperature} must be > 0"] if not r.temperature > 0 else []
+    bad += [f"rollout.top_p={r.top_p} must be in (0, 1]"] if not 0 < r.top_p <= 1 else []
+    unknown = sorted(d for d in r.mix if d not in stage.domains)
+    nonpositive = {d: w for d, w in r.mix.items() if d not in unknown and not w > 0}
+    bad += [f"rollout.mix names {unknown}, not the stage's domains {list(stage.domains)}"] if unknown else []
+    return bad + ([f"rollout.mix: weights must be > 0, got {nonpositive}"] if nonpositive else [])
+
+
+def max_new_tokens_at(rollout, step: int) -> int:
+    """The response budget at `step`: the `length_curriculum` entry in force, else `max_new_tokens`."""
+    if not rollout.length_curriculum:
+        return rollout.max_new_tokens
+    return max((s, n) for s, n in rollout.length_curriculum if s <= step)[1]
+
+
+def prompt_width(stage, ctx) -> int:
+    return stage.rollout.max_prompt_len or ctx.cfg.eval.max_prompt_len
+
 
 class Rows(NamedTuple):
     """Rollouts as training rows on the device (sampling.sequences' layout)."""
@@ -54,7 +101,7 @@ class RolloutSource:
         """`scorer`: (records, texts, lengths [P, G]) -> rewards [P, G] (stages/reward_sources.py). `group_size`:
         rollouts per prompt, when not the stage's (C2's prefilter samples each problem more often)."""
         self.ctx, self.stage, self.data_iter, self.epoch_len = ctx, stage, data_iter, epoch_len
-        self.G = stage.group_size if group_size is None else group_size
+        self.G = stage.rollout.group_size if group_size is None else group_size
         self.epoch_filter, self.scorer = epoch_filter, scorer
         self.drawn = 0
         self._pending: list[dict] = []
@@ -87,16 +134,16 @@ class RolloutSource:
         """Sample G rollouts per record from `params` and score them -> (Rollouts, stats) as in the module
         docstring.
 
-        The records go to the sampler in `stage.score_overlap` equal chunks (the largest divisor of P at most
+        The records go to the sampler in `rollout.score_overlap` equal chunks (the largest divisor of P at most
         that): chunk c+1 is dispatched before chunk c is scored, so the verifiers run while the device generates
         (`pipelined`). One chunk samples all P prompts with `rng` itself; chunk c of several uses fold_in(rng, c)."""
-        ctx, stage, G = self.ctx, self.stage, self.G
-        if stage.get("max_turns", 1) > 1:
+        ctx, ro, G = self.ctx, self.stage.rollout, self.G
+        if self.stage.episodes.max_turns > 1:
             return self._episodes(params, records, max_new, rng)
         P = len(records)
-        n = chunk_count(P, stage.score_overlap)
+        n = chunk_count(P, ro.score_overlap)
         k = P // n
-        max_prompt = stage.max_prompt_len or ctx.cfg.eval.max_prompt_len
+        max_prompt = prompt_width(self.stage, ctx)
         rows, prompt_lens = [], []
 
         def generate(c):
@@ -107,8 +154,8 @@ class RolloutSource:
             toks, lens = shard_batch(ctx.mesh, (toks, lens))
             samples = sampling.sample(params, ctx.model_cfg, toks, lens, rng if n == 1 else jax.random.fold_in(rng, c),
                                       max_new_tokens=max_new, eos_id=ctx.tokenizer.eos_id,
-                                      pad_id=ctx.tokenizer.pad_id, temperature=stage.temperature,
-                                      top_p=stage.top_p, top_k=stage.top_k, num_samples=G)
+                                      pad_id=ctx.tokenizer.pad_id, temperature=ro.temperature,
+                                      top_p=ro.top_p, top_k=ro.top_k, num_samples=G)
             # every chunk and refill round at the stage's full prompt width (left padding), so they concatenate;
             # the training batch cuts the all-padding columns again (column_window)
             rows.append(to_rows(samples, width=max_prompt, pad_id=ctx.tokenizer.pad_id))
@@ -140,7 +187,8 @@ class RolloutSource:
         t = time.perf_counter()
         settings = episode_settings(stage, max_new, ctx)
         traj = episodes.run_episodes(params, ctx.model_cfg, ctx.tokenizer, records,
-                                     [envs.env_name(r["domain"], stage.envs) for r in records], settings, rng,
+                                     [envs.env_name(r["domain"], stage.episodes.envs) for r in records], settings,
+                                     rng,
                                      ctx.mesh, self.G)
         domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
         g = episodes.trajectory_groups(traj, [domain_index[r["domain"]] for r in records], self.G,
@@ -157,13 +205,12 @@ class RolloutSource:
 
 
 def episode_settings(stage, max_new: int, ctx, greedy: bool = False) -> episodes.Settings:
-    """A multi-turn stage's budgets (stage keys max_turns, max_total_tokens, max_obs_tokens, stop_tokens)."""
+    """A multi-turn stage's budgets (its `episodes` dict) at its `rollout` sampling settings."""
+    e, r = stage.episodes, stage.rollout
     return episodes.Settings(
-        max_turns=stage.max_turns, max_new_tokens=max_new, max_total_tokens=stage.max_total_tokens,
-        max_obs_tokens=stage.max_obs_tokens,
-        max_prompt_len=stage.max_prompt_len or ctx.cfg.eval.max_prompt_len, temperature=stage.temperature,
-        top_p=stage.top_p, top_k=stage.top_k, greedy=greedy, thinking=ctx.cfg.thinking,
-        stop_tokens=tuple(stage.stop_tokens))
+        max_turns=e.max_turns, max_new_tokens=max_new, max_total_tokens=e.max_total_tokens,
+        max_obs_tokens=e.max_obs_tokens, max_prompt_len=prompt_width(stage, ctx), temperature=r.temperature,
+        top_p=r.top_p, top_k=r.top_k, greedy=greedy, thinking=ctx.cfg.thinking, stop_tokens=tuple(e.stop_tokens))
 
 
 def chunk_count(P: int, most: int) -> int:

@@ -37,7 +37,6 @@ COMMON_DEFAULTS = dict(
     # "reset": a fresh optimiser state; "keep": Adam moments from the stage this one starts from (its
     # learning-rate schedule still starts at its own step 0)
     optimizer_policy="reset",
-    rewards={},  # domain -> a rewards.REWARDS key (or another domain), instead of the domain's own verifier
     # a step whose loss, gradient norm or new params are not finite is skipped (params and optimiser state
     # unchanged, `skipped_nonfinite` = 1 in its metrics row); this many in a row stop the run (errors.Diverged)
     max_nonfinite_steps=3,
@@ -95,46 +94,37 @@ class RunContext:
         return domains.first_distinct(self.sources[domain][split], n)  # the split holds more than are scored
 
 
+PARTS = ("optim", "lora", "rollout", "objective", "filters", "reward", "episodes", "prefilter")
+
+
 def stage_config(kind: str, kind_defaults: dict, **overrides) -> ml_collections.ConfigDict:
-    """A stage's ConfigDict: common keys + the kind's defaults + `optim`, then `overrides` (`optim`, `lora` and
-    `reward` update their dicts). Unknown keys are an error naming them (ConfigDict is locked); unknown keys inside
-    `optim` and `lora` are reported by validation, naming the stage."""
+    """A stage's ConfigDict: common keys + the kind's defaults + `optim`, then `overrides`; an override of a part
+    (`PARTS`: `rollout=dict(group_size=16)`) sets that dict's keys, the rest keep their defaults (a dict value
+    inside a part, `objective.terms`, replaces the default's whole). Unknown keys are
+    an error naming them (ConfigDict is locked); unknown keys inside a part are reported by validation, naming the
+    stage, by the module that reads the part."""
     cfg = ml_collections.ConfigDict({**COMMON_DEFAULTS, **kind_defaults, "kind": kind,
                                      "optim": dict(optim.DEFAULTS)})
     cfg.domains = list(cfg.domains)
     for key, value in overrides.items():
         if key not in cfg:
             raise KeyError(f"stage of kind {kind!r} has no key {key!r}; keys: {sorted(cfg.keys())}")
-        if key in ("optim", "lora", "reward"):
-            cfg[key].update(value)
+        if key in PARTS:  # its keys one by one; a dict inside (objective.terms) is replaced whole
+            for k, v in dict(value).items():
+                cfg[key][k] = v
         else:
             cfg[key] = value
     cfg.lock()
     return cfg
 
 
-def sampling_problems(stage) -> list[str]:
-    """What is wrong with an RL stage's sampling settings (shared by the kinds that sample rollouts)."""
-    bad = [f"max_prompt_len={stage.max_prompt_len} must be >= 0 (0: config.eval.max_prompt_len)"] if (
-        stage.max_prompt_len < 0) else []
-    bad += [f"temperature={stage.temperature} must be > 0"] if not stage.temperature > 0 else []
-    return bad + ([f"top_p={stage.top_p} must be in (0, 1]"] if not 0 < stage.top_p <= 1 else [])
-
-
-def stage_rewards(stage) -> dict:
-    """domain -> reward function used to train `stage` (its `rewards` overrides, else the domain's own)."""
-    for d in stage.rewards:
-        if d not in stage.domains:
-            raise ValueError(f"stage rewards names domain {d!r}, not one of the stage's domains {list(stage.domains)}")
-    return {d: domains.verifier(stage.rewards.get(d, d)) for d in stage.domains}
-
-
 def prompt_stream(ctx: RunContext, name: str, stage, records: list[dict] | None = None):
-    """(iterator of `stage.prompts_per_step` train records of the stage's domains, records per epoch) for an
+    """(iterator of `rollout.prompts_per_step` train records of the stage's domains, records per epoch) for an
     RL stage; seeded by the stage's index so each stage of a run sees its own order. `records`: draw from these
     instead (a prefiltered set)."""
-    source = records if records is not None else mixture_source(ctx, stage.domains, "train", stage.get("mix"))
-    batches = pipeline.prompt_dataset(source, stage.prompts_per_step, seed=ctx.cfg.seed + stage_index(ctx, name))
+    r = stage.rollout
+    source = records if records is not None else mixture_source(ctx, stage.domains, "train", r.mix)
+    batches = pipeline.prompt_dataset(source, r.prompts_per_step, seed=ctx.cfg.seed + stage_index(ctx, name))
     return iter(batches), len(source)
 
 

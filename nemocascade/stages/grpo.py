@@ -7,12 +7,12 @@ A configuration of the one on-policy loop (stages/onpolicy.py): the objective
     entropy  -sum m * H(pi) / normaliser                     (a bonus; 0 in Cascade RL)
 
 with rewards from each prompt's domain verifier, or (RLHF) from the reward model an earlier `rm` stage
-trained (`reward_model`, `reward_mode`). A `length_curriculum` grows the response budget in sub-stages.
+trained (`reward.model`, `reward.mode`). A `rollout.length_curriculum` grows the response budget in sub-stages.
 """
 from __future__ import annotations
 
 from nemocascade.stages import common, onpolicy
 
-DEFAULTS = onpolicy.DEFAULTS | dict(length_curriculum=((0, 96),))
+DEFAULTS = onpolicy.DEFAULTS | dict(rollout=onpolicy.DEFAULTS["rollout"] | dict(length_curriculum=((0, 96),)))
 
 KIND = common.StageKind("grpo", DEFAULTS, onpolicy.run, onpolicy.check, teacher_refs=onpolicy.teacher_refs)

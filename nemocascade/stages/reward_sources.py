@@ -7,8 +7,8 @@ A source builds, once per stage, a scorer of the protocol
                                                   # the scorer's to cut), lengths [P, G] -> rewards [P, G]
     scorer.take_metrics() -> {name: value}        # what it measured since the last call, for metrics.jsonl
 
-Built in: "verifier" (each domain's verifier, or the stage's `rewards` override, in the sandboxed pool: counts of
-calls that timed out, raised or crashed), "reward_model" (the Bradley-Terry model an earlier `rm` stage trained,
+Built in: "verifier" (each domain's verifier, or the one `reward.verifiers` names, in the sandboxed pool: counts
+of calls that timed out, raised or crashed), "reward_model" (the Bradley-Terry model an earlier `rm` stage trained,
 named by `reward.model`), "judge" (a generative judge named by `reward.judge`: C2's pairwise GenRM or the
 reference-answer judge). A source's own keys (`model`, `judge`) are read by it alone: set while another source is
 chosen, they are an error. An experiment adds a source with `register` and selects it with `reward.source=NAME`.
@@ -23,15 +23,17 @@ import ml_collections
 import numpy as np
 
 from nemocascade import checkpoint, evaluation
+from nemocascade.data import domains
 from nemocascade.models import pretrained
 from nemocascade.rewards import judge as judge_lib
 from nemocascade.rewards import rm_scorer
 from nemocascade.rewards.pool import OUTCOMES
-from nemocascade.stages import common, rm
+from nemocascade.stages import rm
 
 REWARD_MODES = ("scalar", "pairwise", "reference")
 REWARD_DEFAULTS = dict(
     source="verifier",  # "verifier" (each domain's), "reward_model", "judge", or one an experiment registers
+    verifiers={},  # source "verifier": domain -> a rewards.REWARDS key (or another domain) instead of its own
     # RLHF (METHOD.md "Rewards per domain"): `model` names the earlier `rm` stage whose BT reward model scores the
     # text after </think>; mode "scalar" = its score, "pairwise" = Cascade 2's aggregation (mean Pr(i beats j) over
     # the group, ties broken by ranking, optional quality-gated conciseness bonus)
@@ -74,8 +76,9 @@ def problems(stage, earlier: dict) -> list[str]:
     chosen = SOURCES.get(r.source)
     if chosen is None:
         return [f"reward.source={r.source!r}: no such source; registered: {sorted(SOURCES)}"]
-    bad = [f"reward.{k}={r[k]!r}: read only by reward.source={s.name!r}, not by the stage's {chosen.name!r}"
-           for s in SOURCES.values() if s is not chosen for k, unused in s.keys.items() if r[k] != unused]
+    plain = lambda v: v.to_dict() if hasattr(v, "to_dict") else v  # noqa: E731
+    bad = [f"reward.{k}={plain(r[k])!r}: read only by reward.source={s.name!r}, not by the stage's {chosen.name!r}"
+           for s in SOURCES.values() if s is not chosen for k, unused in s.keys.items() if plain(r[k]) != unused]
     bad += [f"reward.mode={r.mode!r}; choose one of {REWARD_MODES}"] if r.mode not in REWARD_MODES else []
     return bad + chosen.check(stage, earlier)
 
@@ -84,16 +87,27 @@ def build(ctx, stage):
     return SOURCES[stage.reward.source].build(ctx, stage)
 
 
+def verifiers(stage) -> dict:
+    """domain -> the verifier that scores it in `stage` (`reward.verifiers`, else the domain's own; a stage without
+    a `reward` dict, SFT's, uses each domain's own). An unknown name raises KeyError / ValueError naming it."""
+    chosen = stage.reward.verifiers if "reward" in stage else {}
+    for d in chosen:
+        if d not in stage.domains:
+            raise ValueError(f"reward.verifiers names domain {d!r}, not one of the stage's domains "
+                             f"{list(stage.domains)}")
+    return {d: domains.verifier(chosen.get(d, d)) for d in stage.domains}
+
+
 # ---------------------------------------------------------------------------------------------- verifier
 
 
 class VerifierScorer:
-    """Each rollout scored by its domain's verifier (the stage's `rewards` override, else the domain's own) in the
+    """Each rollout scored by its domain's verifier (`reward.verifiers`, else the domain's own) in the
     run's sandboxed pool; `take_metrics` gives verifier_timeouts / _errors / _crashes (each such call scored 0)."""
 
     def __init__(self, ctx, stage):
         self.pool = ctx.pool
-        self.rewards = common.stage_rewards(stage)
+        self.rewards = verifiers(stage)
         self._counts = dict.fromkeys((f"verifier_{k}" for k in OUTCOMES), 0)
 
     def __call__(self, records, texts, lengths):
@@ -114,7 +128,7 @@ def verifier_problems(stage, earlier: dict) -> list[str]:
             "scores each rollout alone"] if stage.reward.mode != "scalar" else []
 
 
-register("verifier", VerifierScorer, verifier_problems)
+register("verifier", VerifierScorer, verifier_problems, keys={"verifiers": {}})
 
 
 # ------------------------------------------------------------------------------ reward model and judge
@@ -138,7 +152,7 @@ class RewardModelScorer:
         self.stage = stage
         self.rm = rm_scorer.RewardModelScorer.load(
             rm.rm_path(ctx.workdir, stage.reward.model), ctx.model_cfg, ctx.tokenizer, mesh=ctx.mesh,
-            batch_size=stage.prompts_per_step * stage.group_size, max_len=RM_MAX_LEN)
+            batch_size=stage.rollout.prompts_per_step * stage.rollout.group_size, max_len=RM_MAX_LEN)
 
     def __call__(self, records, texts, lengths):
         G = np.shape(lengths)[1]
