@@ -5,8 +5,8 @@
                                            params, evaluate *every* domain, write summary.json + plots
 
 Handoff between stages: a stage starts from the main line (the last finished stage that is not a side
-branch) or from the checkpoint its `init_from` names; `optimizer_policy` resets the optimiser (default) or
-keeps the start stage's Adam state; each stage's data iterator and RNG are seeded by its index in the run
+branch) or from the checkpoint its `handoff.init_from` names (the `handoff` part is read here alone);
+`optim.state` resets the optimiser (default) or keeps the start stage's Adam state; each stage's data iterator and RNG are seeded by its index in the run
 and checkpointed with it, so a run interrupted anywhere resumes in the right stage at the right step.
 Named checkpoints (stage finals, best held-out per domain) and the manifest: nemocascade/named_checkpoints.py.
 
@@ -22,7 +22,7 @@ import time
 
 import jax
 
-from nemocascade import chat, checkpoint, files, held_out, hosts, interrupts, lora, named_checkpoints, plots
+from nemocascade import chat, checkpoint, files, held_out, hosts, interrupts, lora, named_checkpoints, optim, plots
 from nemocascade import workdir as workdir_lib
 from nemocascade.configs import stage_order
 from nemocascade.data import tfds_builder
@@ -70,6 +70,17 @@ def validate(cfg) -> None:
         raise BadInput(f"config.pretrained.path={p.path!r} does not exist")
 
 
+def _handoff_problems(h) -> list[str]:
+    unknown = sorted(set(h.keys()) - set(common.COMMON_DEFAULTS["handoff"]))
+    if unknown:
+        return [f"handoff: unknown key(s) {unknown}; known: {sorted(common.COMMON_DEFAULTS['handoff'])}"]
+    if not isinstance(h.side_branch, bool):
+        return [f"handoff.side_branch must be True or False, got {h.side_branch!r}"]
+    if h.init_from is not None and not isinstance(h.init_from, str):  # a named ref is checked with the teachers'
+        return [f"handoff.init_from must be None or a checkpoint name, got {h.init_from!r}"]
+    return []
+
+
 def _batch_axis_size(cfg) -> int:
     """Devices the leading batch dim is split over (data x fsdp of config.mesh)."""
     try:
@@ -88,18 +99,10 @@ def _validate_stage(cfg, name, stage, earlier, batch_axis) -> None:
     problems = kind.check(stage, {e: cfg.stages[e] for e in earlier})
     if stage.steps < 0:
         problems.append(f"steps must be >= 0, got {stage.steps}")
-    if stage.max_nonfinite_steps < 1:
-        problems.append(f"max_nonfinite_steps must be >= 1, got {stage.max_nonfinite_steps}")
-    if stage.optimizer_policy not in common.OPTIMIZER_POLICIES:
-        problems.append(f"optimizer_policy={stage.optimizer_policy!r}; choose one of {common.OPTIMIZER_POLICIES}")
-    try:
-        common.optimizer(stage)
-    except (ValueError, TypeError) as err:
-        problems.append(f"optim: {err}")
-    problems += lora.problems(stage.lora)
-    if stage.lora.rank and stage.optimizer_policy == "keep":
+    problems += optim.problems(stage.optim) + _handoff_problems(stage.handoff) + lora.problems(stage.lora)
+    if stage.lora.rank and stage.optim.state == "keep":
         problems.append(f"lora.rank={stage.lora.rank}: a LoRA stage trains fresh adapters, so there are no Adam "
-                        "moments to keep (optimizer_policy='keep'); use 'reset'")
+                        "moments to keep (optim.state='keep'); use 'reset'")
     rows = (stage.batch_size if "batch_size" in stage else
             stage.rollout.prompts_per_step * stage.rollout.group_size if "rollout" in stage else 0)
     if rows >= 1 and rows % batch_axis:
@@ -112,10 +115,10 @@ def _validate_stage(cfg, name, stage, earlier, batch_axis) -> None:
     for d in stage.domains:
         if d not in cfg.data.domains:
             raise BadInput(f"{at}.domains names {d!r}, not in config.data.domains ({sorted(cfg.data.domains)})")
-    refs = {"init_from": stage.init_from} if stage.init_from else {}
+    refs = {"handoff.init_from": stage.handoff.init_from} if stage.handoff.init_from else {}
     try:
         if kind.teacher_refs:
-            refs |= {f"teachers.{d}": r for d, r in kind.teacher_refs(stage).items()}
+            refs |= {f"objective.teachers.{d}": r for d, r in kind.teacher_refs(stage).items()}
         reward_sources.verifiers(stage)  # unknown verifier names fail here, not mid-run
     except (KeyError, ValueError) as err:
         raise BadInput(f"{at}: {err.args[0] if err.args else err}") from None
@@ -319,9 +322,9 @@ def _run_locked(cfg, workdir, config_name, variant, changes, redo_from=None) -> 
             stage = cfg.stages[name]
             if ctx.log.stage_done(name):
                 print(f"[{name}] already done", flush=True)
-                main = main if stage.side_branch else name
+                main = main if stage.handoff.side_branch else name
                 continue
-            start = ctx.checkpoints.stage_of(stage.init_from) if stage.init_from else main
+            start = ctx.checkpoints.stage_of(stage.handoff.init_from) if stage.handoff.init_from else main
             if start != loaded[0]:
                 loaded = (start, checkpoint.load_params(ctx.checkpoints.path(f"stage:{start}"), ctx.abstract_params))
             ctx.start_stage = start
@@ -332,7 +335,7 @@ def _run_locked(cfg, workdir, config_name, variant, changes, redo_from=None) -> 
             params = kind.run(ctx, name, stage, loaded[1])
             checkpoint.save_params(_final_path(ctx, name), params)
             _evaluate_stage(ctx, name, params, start, teacher_stages, train_s=time.time() - t0, t0=t0)
-            if not stage.side_branch:
+            if not stage.handoff.side_branch:
                 main, loaded = name, (name, params)
         ctx.log.finish(ctx.log.wall_s_before + time.time() - t_start)  # a resume adds to the earlier processes'
         return ctx.log.summary
@@ -359,8 +362,9 @@ def _evaluate_stage(ctx, name, params, start, teacher_stages, *, train_s, t0=Non
     scores, val, items = ((_scores_of(ctx, start), _scores_of(ctx, start, "val"), None) if reuse
                           else held_out.evaluate_and_keep_items(ctx, name, params, stage))
     # `best:<domain>` is chosen on validation scores, never on the test split the tables report
-    ctx.checkpoints.add_stage(name, _final_path(ctx, name), _pass1(val), stage.side_branch, started_from=start)
-    extra = {"val": val, "train_wall_s": train_s, "side_branch": bool(stage.side_branch), "started_from": start}
+    ctx.checkpoints.add_stage(name, _final_path(ctx, name), _pass1(val), stage.handoff.side_branch,
+                              started_from=start)
+    extra = {"val": val, "train_wall_s": train_s, "side_branch": bool(stage.handoff.side_branch), "started_from": start}
     if reuse:  # what the stage trained is judged by its own held-out metrics (RM pairwise accuracy)
         rows = [r for r in load_metrics(os.path.join(ctx.workdir, "metrics.jsonl")) if r["stage"] == name]
         extra["stage_eval"] = {k: v for k, v in rows[-1].items() if k.startswith("eval/")} if rows else {}

@@ -4,7 +4,7 @@
 traceback, since each message already names the culprit (a key, a file, a pid, a step).
 
     BadInput        2    a config key, value, path or resumed workdir that cannot work (before training)
-    Diverged        3    `max_nonfinite_steps` non-finite updates in a row (the last good checkpoint stays)
+    Diverged        3    `optim.max_nonfinite_steps` non-finite updates in a row (the last good checkpoint stays)
     WorkdirBusy     75   another live run holds the workdir's lock (EX_TEMPFAIL: try again later)
     Interrupted     128 + signal (130 SIGINT, 143 SIGTERM), after checkpointing at a step boundary
 """

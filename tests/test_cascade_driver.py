@@ -26,12 +26,12 @@ def _cfg():
     c.stages.grpo.update(steps=2, eval_every=0, rollout=dict(length_curriculum=((0, 48),), prompts_per_step=4,
                                                             group_size=4))
     c.stages.branch = common.stage_config(  # more SFT from the SFT checkpoint, off the main line
-        "sft", sft.DEFAULTS, domains=["math"], steps=5, init_from="stage:sft", side_branch=True,
+        "sft", sft.DEFAULTS, domains=["math"], steps=5, handoff=dict(init_from="stage:sft", side_branch=True),
         seq_len=80, checkpoint_every=5, optim=dict(lr=3e-3))
     c.stages.distil = common.stage_config(
         "mopd", mopd.DEFAULTS, domains=["math"], steps=2, objective=dict(teachers={"math": "stage:branch"}),
-        rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=48), optimizer_policy="keep",
-        optim=dict(lr=1e-3, schedule="linear_warmup", warmup_steps=2, warmup_init=0.1))
+        rollout=dict(prompts_per_step=4, group_size=2, max_new_tokens=48),
+        optim=dict(state="keep", lr=1e-3, schedule="linear_warmup", warmup_steps=2, warmup_init=0.1))
     c.stage_order = ("sft", "grpo", "branch", "distil")
     return c
 
@@ -177,16 +177,16 @@ def _check_redo(wd):
 
 def test_validate_names_bad_handoff_keys():
     c = _cfg()
-    c.stages.branch.init_from = "stage:distil"  # a later stage
-    with pytest.raises(ValueError, match=r"stages.branch.init_from='stage:distil'"):
+    c.stages.branch.handoff.init_from = "stage:distil"  # a later stage
+    with pytest.raises(ValueError, match=r"stages\.branch\.handoff\.init_from='stage:distil'"):
         cascade.validate(c)
     c = _cfg()
-    c.stages.distil.optimizer_policy = "warm"
-    with pytest.raises(ValueError, match="optimizer_policy"):
+    c.stages.distil.optim.state = "warm"
+    with pytest.raises(ValueError, match=r"stages\.distil\.optim\.state='warm'; choose one of \('reset', 'keep'\)"):
         cascade.validate(c)
     c = _cfg()
     c.stages.distil.objective.teachers.math = "best:code"
-    with pytest.raises(ValueError, match="teachers.math='best:code'"):
+    with pytest.raises(ValueError, match=r"stages\.distil\.objective\.teachers\.math='best:code'"):
         cascade.validate(c)
     c.stages.distil.objective.teachers.math = "best:math+code"  # one teacher for several domains: every one must exist
     with pytest.raises(ValueError, match=r"teachers.math='best:math\+code'"):

@@ -22,6 +22,8 @@ def test_config_validates(name, variant):
     cascade.validate(cfg)
     assert cfg.name == name
     assert list(configs.stage_order(cfg))
+    for stage in cfg.stages.values():  # the rest sits in parts (issue 38: at most 15 top-level keys)
+        assert len(stage.keys()) <= 15, (stage.kind, sorted(stage.keys()))
 
 
 def test_data_seed_is_the_runs_seed_unless_fixed():
@@ -42,7 +44,7 @@ def test_data_seed_is_the_runs_seed_unless_fixed():
 
 def test_the_cascades_use_the_papers_orders():
     cfg = configs.load("cascade_c2")
-    c2 = [s for s in configs.stage_order(cfg) if not cfg.stages[s].side_branch]
+    c2 = [s for s in configs.stage_order(cfg) if not cfg.stages[s].handoff.side_branch]
     assert c2 == ["sft", "if_rl", "multi_rl", "mopd", "rlhf", "longctx_rl", "code_rl", "swe_agentless", "swe_exec"]
     # C2's judges are language models (the SFT checkpoint, trained on the judges' domains too); C1's RLHF a BT RM
     for name in ("rlhf", "rlhf_branch"):
@@ -114,7 +116,7 @@ def test_swe_agent_rl_repeats_are_the_same_arms_at_new_places_in_the_run():
     for arm in ("rl_single", "rl_multi"):
         for r in (2, 3):
             assert flatten(rep.stages[f"{arm}_r{r}"].to_dict()) == flatten(base.stages[arm].to_dict()), (arm, r)
-    assert rep.stages.rl_multi_r3.init_from == "stage:sft" and rep.stages.rl_multi_r3.side_branch
+    assert rep.stages.rl_multi_r3.handoff.init_from == "stage:sft" and rep.stages.rl_multi_r3.handoff.side_branch
     tiny = configs.load("swe_agent:tiny,rl_repeats")  # the repeats copy the tiny arms
     assert tiny.stages.rl_single_r2.steps == tiny.stages.rl_single.steps == 2
 

@@ -126,14 +126,14 @@ def test_on_policy_step_over_adapters_is_the_chain_rule_of_the_full_step():
     ("grpo", dict(rank=4, targets="layers/(wq"), r"config\.stages\.grpo\.lora\.targets='layers/\(wq' is not a regular"),
     ("sft", dict(rank=4, alpha=0.0), r"config\.stages\.sft\.lora\.alpha=0\.0 must be > 0"),
     ("sft", dict(rnak=4), r"config\.stages\.sft\.lora\.rnak: unknown key; known: \['alpha', 'rank', 'targets'\]"),
-    ("grpo", dict(rank=4, optimizer_policy="keep"), r"config\.stages\.grpo\.lora\.rank=4: a LoRA stage trains fresh "
+    ("grpo", dict(rank=4, state="keep"), r"config\.stages\.grpo\.lora\.rank=4: a LoRA stage trains fresh "
      r"adapters"),
 ])
 def test_bad_lora_config_names_the_key(stage, lora_cfg, message):
     cfg = configs.load("cascade_math:tiny")
     node = cfg.stages[stage]
     with node.unlocked():  # as stage_config(..., lora=...) leaves it: keys of the dict given, unknown ones too
-        node.optimizer_policy = lora_cfg.pop("optimizer_policy", "reset")
+        node.optim.state = lora_cfg.pop("state", "reset")
         node.lora.update(lora_cfg)
     with pytest.raises(errors.BadInput, match=message):
         cascade.validate(cfg)

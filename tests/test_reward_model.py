@@ -318,8 +318,9 @@ def test_rm_stage_learns_heldout_preferences(tmp_path):
 def test_rm_stage_rejects_keep_and_non_preference_domains(tmp_path):
     ctx = _ctx(tmp_path, num_train=64)
     policy = init_params(ctx.model_cfg, jax.random.key(0))
-    with pytest.raises(ValueError, match="optimizer_policy"):
-        rm.train_rm(ctx, "rm", common.stage_config("rm", rm.DEFAULTS, optimizer_policy="keep"), policy)
+    keep = common.stage_config("rm", rm.DEFAULTS, optim=dict(state="keep"))
+    assert rm.check(keep, {}) == ["optim.state='keep': an RM stage trains a new pytree (policy + scalar head), so "
+                                  "there is no optimiser state to keep; use 'reset'"]
     ctx.sources["math"] = {"train": domains.generate_split("math", "train", 4, 0), "test": []}
     with pytest.raises(ValueError, match="no preference pairs"):
         rm.train_rm(ctx, "rm", common.stage_config("rm", rm.DEFAULTS, domains=["math"]), policy)

@@ -103,7 +103,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.stages.rlhf.reward.update(model="", **JUDGE)  # pairwise GenRM (mode, conciseness bonus: base's)
     c.stages.longctx_rl.reward.update(mode="reference", **JUDGE)
     c.stages.rlhf_branch = ml_collections.ConfigDict(c.stages.rlhf.to_dict())
-    c.stages.rlhf_branch.update(init_from="stage:sft", side_branch=True)
+    c.stages.rlhf_branch.update(handoff=dict(init_from="stage:sft", side_branch=True))
     c.stages.multi_rl = grpo_stage(["mcq", "json", "tool"], 24, **RL)  # merged: short, cheap verifiers (METHOD.md)
     c.stages.mopd = common.stage_config(
         "mopd", mopd.DEFAULTS, domains=["math", "pref", "if", "mcq", "json", "tool"], steps=20,

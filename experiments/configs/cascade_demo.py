@@ -86,7 +86,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
                    grad_clip=1.0), **RECOVER)
     c.stages.grpo_arm = grpo_stage(list(DOMAINS), rollout=dict(RECOVER_ROLLOUT, length_curriculum=((0, 112),)),
-                                   init_from="stage:multi_rl", side_branch=True, **RECOVER)
+                                   handoff=dict(init_from="stage:multi_rl", side_branch=True), **RECOVER)
     c.stage_order = ("sft", "if_rl", "multi_rl", "mopd", "math_rl", "code_rl", "grpo_arm")
     c.compare = dict(stages=("grpo_arm", "mopd"), key="eval/math/pass@1", start_stage="multi_rl", domain="math")
     if "kl" in tags:

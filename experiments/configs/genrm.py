@@ -47,7 +47,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if "judge_branch" in tags:  # [ours] a judge trained further: 300 more steps on judge_pref alone, a side branch
         c.stages.judge_sft = common.stage_config(
             "sft", sft.DEFAULTS, domains=["judge_pref"], steps=300, batch_size=16, seq_len=288, pack=True,
-            checkpoint_every=100, eval_every=0, init_from="stage:sft", side_branch=True,
+            checkpoint_every=100, eval_every=0, handoff=dict(init_from="stage:sft", side_branch=True),
             optim=dict(lr=1e-3, schedule="cosine", warmup_steps=30, weight_decay=0.01, min_lr_frac=0.05))
         c.stages.rlhf.reward.judge = "stage:judge_sft"
         c.stage_order = ("sft", "judge_sft", "rlhf")

@@ -21,7 +21,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.name = "mopd_vs_grpo"
     steps, every = (40, 5) if arg != "tiny" else (4, 2)
     arm = dict(steps=steps, eval_every=every, eval_n=c.stages.grpo.eval_n, checkpoint_every=every,
-               init_from="stage:sft", side_branch=True)
+               handoff=dict(init_from="stage:sft", side_branch=True))
     c.stages.grpo_arm = ml_collections.ConfigDict(c.stages.grpo.to_dict())
     r = c.stages.grpo.rollout
     c.stages.grpo_arm.update(arm, rollout=dict(length_curriculum=((0, r.length_curriculum[-1][1]),)))

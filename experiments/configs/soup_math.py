@@ -65,7 +65,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.stages.grpo.objective.terms = dict(c.stages.grpo.objective.terms.to_dict(), length=0.05)
     c.stages.branch = common.stage_config(  # more SFT from the SFT checkpoint, at a lower LR, off the main line
         "sft", sft.DEFAULTS, domains=["math"], steps=c.stages.sft.steps // 4, batch_size=32,
-        seq_len=c.stages.sft.seq_len, init_from="stage:sft", side_branch=True, checkpoint_every=100,
+        seq_len=c.stages.sft.seq_len, handoff=dict(init_from="stage:sft", side_branch=True), checkpoint_every=100,
         optim=dict(lr=1e-3, schedule="cosine", warmup_steps=10, min_lr_frac=0.05))
     c.stages.soup = kinds.stage_config("soup", steps=0, sources=("stage:grpo", "stage:branch"), weights=(0.5, 0.5))
     c.stage_order = ("sft", "grpo", "branch", "soup")

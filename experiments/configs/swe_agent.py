@@ -60,7 +60,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         optim=dict(lr=3e-3, schedule="cosine", warmup_steps=100, weight_decay=0.01, min_lr_frac=0.05))
     # RL learning rate chosen on validation, seed 0, among {2e-4 (grpo_stage's toy default), 5e-5}: at 2e-4 both arms
     # fell below their SFT (validation swe@single 45.5 -> 34.5 after rl_single); variant high_lr is that run
-    agent = dict(eval_every=0, init_from="stage:sft", side_branch=True, filters=dict(overlong="none"),
+    agent = dict(eval_every=0, handoff=dict(init_from="stage:sft", side_branch=True), filters=dict(overlong="none"),
                  optim=dict(lr=RL_LR))
     rollout = dict(prompts_per_step=8, group_size=8, max_prompt_len=160)
     c.stages.rl_single = grpo_stage(["swe"], 30, reward=dict(verifiers={"swe": "swe_exec"}),

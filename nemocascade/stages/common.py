@@ -30,21 +30,14 @@ from nemocascade.run_log import RunLog, progress
 
 COMMON_DEFAULTS = dict(
     kind="", domains=("math",), steps=100, checkpoint_every=50, eval_n=64, eval_every=0,
-    # Handoff (issue: "a cascade is a list of stage configs"). A stage starts from the main line's params
-    # (the last finished non-side-branch stage) unless `init_from` names a checkpoint ("stage:sft",
-    # "best:math"; see nemocascade/named_checkpoints.py). A `side_branch` stage does not advance the main line.
-    init_from="", side_branch=False,
-    # "reset": a fresh optimiser state; "keep": Adam moments from the stage this one starts from (its
-    # learning-rate schedule still starts at its own step 0)
-    optimizer_policy="reset",
-    # a step whose loss, gradient norm or new params are not finite is skipped (params and optimiser state
-    # unchanged, `skipped_nonfinite` = 1 in its metrics row); this many in a row stop the run (errors.Diverged)
-    max_nonfinite_steps=3,
+    # Where the stage starts, read by the driver (nemocascade/cascade.py): the main line's params (the last
+    # finished stage that is not a side branch) unless `init_from` names a checkpoint ("stage:sft", "best:math";
+    # nemocascade/named_checkpoints.py). A `side_branch` stage does not advance the main line.
+    handoff=dict(init_from=None, side_branch=False),
     # LoRA (nemocascade/lora.py): rank > 0 trains low-rank adapters on the `targets` matrices, the start params
     # frozen; the stage hands on (and saves as final) the merged params. 0: every param trains
     lora=dict(lora.DEFAULTS),
 )
-OPTIMIZER_POLICIES = ("reset", "keep")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +87,7 @@ class RunContext:
         return domains.first_distinct(self.sources[domain][split], n)  # the split holds more than are scored
 
 
-PARTS = ("optim", "lora", "rollout", "objective", "filters", "reward", "episodes", "prefilter")
+PARTS = ("handoff", "optim", "lora", "rollout", "objective", "filters", "reward", "episodes", "prefilter")
 
 
 def stage_config(kind: str, kind_defaults: dict, **overrides) -> ml_collections.ConfigDict:
@@ -230,7 +223,7 @@ class Trainer:
     Use as a context manager around the step loop. SIGINT/SIGTERM (`nemocascade.interrupts`) stop the loop at
     the next step boundary, after that step's metrics row and a checkpoint are written; leaving it with any other
     exception (a second Ctrl-C, an error) saves a checkpoint of the last completed step first. Updates that are
-    not finite are skipped (`_skip_nonfinite`) and `max_nonfinite_steps` of them in a row stop the run.
+    not finite are skipped (`_skip_nonfinite`) and `optim.max_nonfinite_steps` of them in a row stop the run.
     """
 
     def __init__(self, ctx: RunContext, name: str, stage, params, tx, step_fn: Callable, data_iter=None,
@@ -263,7 +256,7 @@ class Trainer:
             print(f"[{name}] resumed from checkpoint step {latest}", file=sys.stderr)
         else:
             self.state = jax.jit(lambda p: train_state.create(p, tx, rng), out_shardings=self.state_shardings)(params)
-            if stage.optimizer_policy == "keep" and ctx.start_stage is not None:
+            if stage.optim.state == "keep" and ctx.start_stage is not None:
                 self.state = self.state.replace(opt_state=self._carried_opt_state(state_shape))
             ctx.log.truncate_after(name, -1)
         self._data_state = self._snapshot()
@@ -292,7 +285,7 @@ class Trainer:
         return adapters, jax.tree.map(lambda _: replicated(mesh), adapters), over_adapters(step_fn, lo.alpha, lo.rank)
 
     def _carried_opt_state(self, state_shape):
-        """optimizer_policy="keep": the optimiser state the start stage ended with (Adam moments and count),
+        """optim.state="keep": the optimiser state the start stage ended with (Adam moments and count),
         with this stage's schedule counters reset so its warm-up and decay run from its own step 0."""
         src = self.ctx.start_stage
         prev = checkpoint.StageCheckpointer(os.path.join(self.ctx.workdir, "checkpoints", src))
@@ -301,7 +294,7 @@ class Trainer:
                 raise FileNotFoundError(f"no checkpoint in {prev.directory}")
             old, _ = prev.restore(checkpoint.abstract_like(state_shape, self.state_shardings))
         except Exception as err:
-            raise ValueError(f"config.stages.{self.name}.optimizer_policy='keep': cannot take the optimiser state "
+            raise ValueError(f"config.stages.{self.name}.optim.state='keep': cannot take the optimiser state "
                              f"of stage {src!r} ({type(err).__name__}: {err}). Both stages need the same optimiser "
                              f"structure (grad_clip on/off, AdamW); use 'reset' otherwise.") from err
         finally:
@@ -342,12 +335,12 @@ class Trainer:
         bad = {k for k, v in metrics.items() if not math.isfinite(v)}
         what = sorted(bad) or ["params"]  # finite loss and gradient: the new params were not
         print(f"[{self.name}] step {step}: non-finite {what}, update skipped "
-              f"({self._nonfinite_run}/{self.stage.max_nonfinite_steps} in a row)", file=sys.stderr)
-        if self._nonfinite_run >= self.stage.max_nonfinite_steps:  # `steps` stops after this step is logged
+              f"({self._nonfinite_run}/{self.stage.optim.max_nonfinite_steps} in a row)", file=sys.stderr)
+        if self._nonfinite_run >= self.stage.optim.max_nonfinite_steps:  # `steps` stops after this step is logged
             self._diverged = (f"stage {self.name!r}: {self._nonfinite_run} non-finite updates in a row (last at step "
                               f"{step}: {what}); stopped with the last good params in checkpoint "
                               f"{self.ckpt.directory}/{int(self.state.step)}. Lower config.stages.{self.name}.optim.lr "
-                              "or raise max_nonfinite_steps")
+                              "or raise optim.max_nonfinite_steps")
         return {k: v for k, v in metrics.items() if k not in bad}  # NaN has no place in metrics.jsonl
 
     def skip(self) -> dict:

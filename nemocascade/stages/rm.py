@@ -41,8 +41,13 @@ def check(stage, earlier: dict) -> list[str]:
     """What is wrong with a reward-model stage's settings; run at validation."""
     bad = [f"{k}={stage[k]} must be >= {lo}" for k, lo in (("batch_size", 1), ("seq_len", 8), ("eval_pairs", 0))
            if stage[k] < lo]
-    return bad + ([f"lora.rank={stage.lora.rank}: an RM stage trains a new scalar head, which LoRA would keep "
-                   "frozen; use rank 0"] if stage.lora.rank else [])
+    if stage.lora.rank:
+        bad.append(f"lora.rank={stage.lora.rank}: an RM stage trains a new scalar head, which LoRA would keep "
+                   "frozen; use rank 0")
+    if stage.optim.state != "reset":
+        bad.append(f"optim.state={stage.optim.state!r}: an RM stage trains a new pytree (policy + scalar head), so "
+                   "there is no optimiser state to keep; use 'reset'")
+    return bad
 
 
 def rm_path(workdir: str, name: str) -> str:
@@ -118,9 +123,6 @@ def _has_pairs(record) -> bool:
 
 def train_rm(ctx: common.RunContext, name: str, stage, params):
     """Train the RM from the policy `params`; returns (rm_params, held-out eval metrics) and saves the RM."""
-    if stage.optimizer_policy != "reset":
-        raise ValueError(f"config.stages.{name}.optimizer_policy={stage.optimizer_policy!r}: an RM stage trains "
-                         f"a new pytree (policy + scalar head), so there is no optimiser state to keep; use 'reset'")
     for domain in stage.domains:
         if domain in ctx.sources and not _has_pairs(ctx.sources[domain]["train"][0]):
             raise ValueError(f"config.stages.{name}.domains: {domain!r} has no preference pairs (its answer JSON "
