@@ -67,7 +67,7 @@ RUN_KEYS = {
 }
 
 STAGE_KEYS = {
-    "kind": "the stage's algorithm: sft, grpo, mopd, rm (or one an experiment registers)",
+    "kind": "the stage's algorithm: sft, grpo, mopd, rm, agent (or one an experiment registers)",
     "domains": "the domains it trains on",
     "steps": "optimiser steps",
     "checkpoint_every": "step checkpoints for resuming, every this many steps",
@@ -120,7 +120,7 @@ STAGE_KEYS = {
     "reward.judge": "reward.source=judge: the judge, stage:NAME, best:DOMAIN, gguf, gguf:PATH or hf:PATH",
     "reward.judge_mode": "logprob (one forward pass) or sampled (a reasoned verdict, strictly parsed)",
     "reward.judge_max_len": "tokens the judge reads", "reward.judge_batch_size": "judged pairs per pass",
-    "episodes.max_turns": "multi-turn episodes: turns (1: one-turn rollouts)",
+    "episodes.max_turns": "agent stage: turns per episode at most",
     "episodes.envs": "domain -> environment (default: the domain's own)",
     "episodes.max_total_tokens": "tokens per episode after the prompt, observations counted (None: turns x "
                                  "max_new_tokens)",

@@ -137,5 +137,6 @@ def smoke(cfg, steps: int = 4, n: int = 8):
             r.update(prompts_per_step=min(r.prompts_per_step, 2), group_size=min(r.group_size, 2),
                      max_new_tokens=min(r.max_new_tokens, 16), length_curriculum=((0, 16),))
             stage.objective.micro_batches = 1
+        if "prefilter" in stage:
             stage.prefilter.prompts = None
     return cfg

@@ -336,14 +336,14 @@ def test_agent_report_pairs_every_rl_arm_with_its_repeat():
 
 
 def test_c2_prefilter_drops_always_solved_and_most_never_solved():
-    from nemocascade.stages import onpolicy
+    from nemocascade.stages import agent
 
     solved = np.asarray([8, 0, 3, 0, 0, 8, 1, 7])
-    assert onpolicy.prefilter_keep(solved, 8, 1.0, 0).tolist() == [0, 0, 1, 0, 0, 0, 1, 1]
-    assert onpolicy.prefilter_keep(solved, 8, 0.0, 0).tolist() == [0, 1, 1, 1, 1, 0, 1, 1]
+    assert agent.prefilter_keep(solved, 8, 1.0, 0).tolist() == [0, 0, 1, 0, 0, 0, 1, 1]
+    assert agent.prefilter_keep(solved, 8, 0.0, 0).tolist() == [0, 1, 1, 1, 1, 0, 1, 1]
     many = np.zeros(20_000, int)
-    assert abs(onpolicy.prefilter_keep(many, 16, 0.9, 3).mean() - 0.1) < 0.01  # 90% of the 0/16 dropped
-    assert (onpolicy.prefilter_keep(many, 16, 0.9, 3) == onpolicy.prefilter_keep(many, 16, 0.9, 3)).all()
+    assert abs(agent.prefilter_keep(many, 16, 0.9, 3).mean() - 0.1) < 0.01  # 90% of the 0/16 dropped
+    assert (agent.prefilter_keep(many, 16, 0.9, 3) == agent.prefilter_keep(many, 16, 0.9, 3)).all()
 
 
 class _Bytes:

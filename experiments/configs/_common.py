@@ -3,7 +3,7 @@ configs/common.py. A config imports them with `from _common import ...` (`nemoca
 folder on the import path; so does running a config file as a script)."""
 import ml_collections
 
-from nemocascade.stages import common, grpo
+from nemocascade.stages import common, kinds
 
 NUM_HELD_OUT = 2000  # test and validation records generated per domain; eval.n / val_n distinct ones are scored
 
@@ -76,10 +76,11 @@ MULTI_DOMAIN_MIX = {"mcq": 0.55, "tool": 0.30, "json": 0.15}
 KL_VARIANT = 0.05  # the `kl` variants' coefficient: KL to each stage's start, as every stage had before issue 14
 
 
-def grpo_stage(domains, steps: int, **kw) -> ml_collections.ConfigDict:
+def grpo_stage(domains, steps: int, kind: str = "grpo", **kw) -> ml_collections.ConfigDict:
     """A domain-wise GRPO stage with the paper's defaults for its domains (`PAPER_STAGE`, the multi-domain mix):
     16 x 8, dynamic filter with up to 3 sampling rounds to refill it, no KL, warm-up from 0.1x; `kw` overrides
-    any key, a part's keys one by one (a departure a toy needs belongs in a named variant, e.g. `kl_variant`)."""
+    any key, a part's keys one by one (a departure a toy needs belongs in a named variant, e.g. `kl_variant`).
+    `kind="agent"`: the same over multi-turn episodes (nemocascade/stages/agent.py)."""
     base = dict(checkpoint_every=20, eval_every=20, eval_n=64,
                 rollout=dict(prompts_per_step=16, group_size=8, length_curriculum=((0, 112),)),
                 filters=dict(dynamic=True, refill_rounds=3),
@@ -92,7 +93,7 @@ def grpo_stage(domains, steps: int, **kw) -> ml_collections.ConfigDict:
     for part in (paper_settings(domains), kw):  # a part's keys update the part; other keys replace
         for k, v in part.items():
             base[k] = base[k] | dict(v) if k in common.PARTS and k in base else v
-    return common.stage_config("grpo", grpo.DEFAULTS, domains=list(domains), steps=steps, **base)
+    return kinds.stage_config(kind, domains=list(domains), steps=steps, **base)
 
 
 def paper_settings(domains) -> dict:
@@ -122,5 +123,5 @@ def kl_variant(c: ml_collections.ConfigDict, coef: float = KL_VARIANT) -> None:
     keeps its 0.03). A tiny model may need it for stability; it also damps forgetting, so regression tables from
     it are not the paper's."""
     for stage in c.stages.values():
-        if stage.kind == "grpo" and stage.objective.terms.get("kl", 0.0) == 0.0:
+        if stage.kind in ("grpo", "agent") and stage.objective.terms.get("kl", 0.0) == 0.0:
             stage.objective.terms.kl = coef

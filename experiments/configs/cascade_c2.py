@@ -1,7 +1,7 @@
 """Nemotron-Cascade 2's stage order at small scale (METHOD.md "Stage order"):
 
     SFT -> IF-RL -> multi-domain RL (mcq + json + tool) -> MOPD -> RLHF -> long-context RL -> code RL
-        -> SWE RL (agentless, then execution-based)
+        -> SWE RL (agentless, then execution-based agentic: multi-turn episodes, nemocascade/stages/agent.py)
 
 plus what it needs off the main line: `rlhf_branch` (RLHF from the SFT checkpoint as a side branch: Cascade 2's RLHF
 teacher). As in Cascade 2 the judges are language models: the SFT also trains on `judge_pref` and `judge_longctx`,
@@ -79,9 +79,9 @@ def base(name: str, arg: str | None) -> ml_collections.ConfigDict:
 def shrink(c: ml_collections.ConfigDict) -> None:
     """tiny: every RL / distillation stage takes 2 steps of 4 x 2 rollouts."""
     for name, stage in c.stages.items():
-        if stage.kind in ("grpo", "mopd"):
+        if stage.kind in ("grpo", "agent", "mopd"):
             stage.update(steps=2, rollout=dict(prompts_per_step=4, group_size=2), eval_every=0, checkpoint_every=2)
-            if stage.kind == "grpo":
+            if stage.kind != "mopd":
                 stage.rollout.length_curriculum = ((0, 48),)
             else:
                 stage.rollout.max_new_tokens = 48
@@ -112,6 +112,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                                             **{d: "best:if+mcq+json+tool" for d in ("if", "mcq", "json", "tool")}}),
         optim=dict(lr=2e-4, b1=0.9, b2=0.95, schedule="linear_warmup", warmup_steps=10, warmup_init=0.1,
                    grad_clip=1.0))
+    # C2's last stage, execution-based agentic SWE RL: up to 3 turns of 112 tokens in the swe_repair environment
+    # (it runs the tests on the patch and answers with the failing one), 448 tokens per episode in all
+    c.stages.swe_exec = grpo_stage(["swe"], 16, kind="agent", episodes=dict(max_turns=3, max_total_tokens=448,
+                                                                           max_obs_tokens=160), **LONG_RL)
     c.stage_order = ("sft", "rlhf_branch", "if_rl", "multi_rl", "mopd", "rlhf", "longctx_rl", "code_rl",
                      "swe_agentless", "swe_exec")
     if "tiny" in variants("cascade_c2", arg, ("tiny", "kl")):

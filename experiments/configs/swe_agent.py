@@ -7,7 +7,7 @@ same token budget, after RL?
                shown test, the environment's answer, then the right repair), as C2's SFT holds agentic trajectories
     rl_single  [side branch from sft] GRPO, one turn of up to BUDGET tokens, rewarded by executing every test (the
                swe_repair environment with max_turns=1 = C1/C2's execution reward swe_exec)
-    rl_multi   [side branch from sft] GRPO, up to 3 turns in the swe_repair environment (each turn <= 112 tokens;
+    rl_multi   [side branch from sft] an agent stage (GRPO over episodes), up to 3 turns in the swe_repair environment (each turn <= 112 tokens;
                between turns the environment runs the shown test and answers "Fix the bug. <your code> Failing:
                <test>, got <value>"), BUDGET tokens per episode in all, the observations counted
 
@@ -65,7 +65,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     rollout = dict(prompts_per_step=8, group_size=8, max_prompt_len=160)
     c.stages.rl_single = grpo_stage(["swe"], 30, reward=dict(verifiers={"swe": "swe_exec"}),
                                     rollout=dict(rollout, length_curriculum=((0, BUDGET),)), **agent)
-    c.stages.rl_multi = grpo_stage(["swe"], 30, episodes=dict(max_turns=3, max_total_tokens=BUDGET,
+    c.stages.rl_multi = grpo_stage(["swe"], 30, kind="agent", episodes=dict(max_turns=3, max_total_tokens=BUDGET,
                                                               envs={"swe": "swe_repair"}, max_obs_tokens=160),
                                    rollout=dict(rollout, length_curriculum=((0, TURN),)), **agent)
     c.stage_order = ("sft", "rl_single", "rl_multi")

@@ -30,39 +30,6 @@ from nemocascade.mesh import shard_batch, to_host
 
 OBS_BUCKET = 16  # observation chunks are padded to a multiple of this (few compiled shapes)
 
-# A stage's `episodes` dict, read here alone: max_turns > 1 makes its rollouts multi-turn episodes in which each
-# domain's environment (nemocascade/envs.py) answers every turn and rewards the episode (the reward source is not
-# used); each turn's limit is the rollout's max_new_tokens
-DEFAULTS = dict(
-    max_turns=1, envs={},  # domain -> environment name (default: the domain's own, Domain.env)
-    max_total_tokens=None,  # per episode after the prompt, the model's and the observations' tokens (None:
-    # max_turns x max_new_tokens)
-    max_obs_tokens=128,
-    stop_tokens=(),  # vocabulary pieces that also end a turn, e.g. ("</tool_call>",) with a Qwen tokenizer
-)
-
-
-def problems(stage) -> list[str]:
-    """What is wrong with a stage's `episodes` dict, as `episodes.<key>: problem` lines (empty: fine)."""
-    e = stage.episodes
-    bad = [f"episodes.{k}: unknown key; known: {sorted(DEFAULTS)}" for k in sorted(set(e) - set(DEFAULTS))]
-    if bad or e.max_turns < 1:
-        return bad or [f"episodes.max_turns={e.max_turns} must be >= 1"]
-    if e.max_turns == 1:
-        return [f"episodes.envs={dict(e.envs)}: environments act between turns; set episodes.max_turns > 1"] if (
-            e.envs) else []
-    bad = [f"episodes.max_turns={e.max_turns}: domain {d!r} has no environment; set episodes.envs.{d} to one of "
-           f"{sorted(envs.ENVS)}" for d in stage.domains if envs.env_name(d, e.envs) is None]
-    bad += [f"episodes.envs.{d}={v!r}: no such environment; registered: {sorted(envs.ENVS)}"
-            for d, v in e.envs.items() if v not in envs.ENVS]
-    bad += [f"episodes.envs names domain {d!r}, not one of the stage's domains {list(stage.domains)}"
-            for d in e.envs if d not in stage.domains]
-    max_new = stage.rollout.max_new_tokens
-    bad += [f"episodes.max_total_tokens={e.max_total_tokens} must be None or >= rollout.max_new_tokens={max_new}"
-            ] if e.max_total_tokens is not None and e.max_total_tokens < max_new else []
-    return bad + ([f"episodes.max_obs_tokens={e.max_obs_tokens} must be >= 16"] if e.max_obs_tokens < 16 else [])
-
-
 @dataclasses.dataclass(frozen=True)
 class Settings:
     max_turns: int

@@ -1,6 +1,6 @@
-"""On-policy rollouts shared by the RL stage kinds (GRPO, MOPD): draw prompts, sample G completions each
-from the current params with the jitted sampler, score them with each prompt's domain reward, and gather the
-kept groups into the training batch. Tokens, masks and log-probs stay on the device from the sampler to the
+"""On-policy rollouts shared by the RL stage kinds: draw prompts, sample G completions each from the current
+params with the jitted sampler, score them with each prompt's domain reward, and gather the kept groups into the
+training batch (the agent kind's episodes are a subclass of the source: stages/agent.py). Tokens, masks and log-probs stay on the device from the sampler to the
 update: only the response tokens go to the host to be decoded for the stage's scorer (stages/reward_sources.py),
 and only rewards come back.
 
@@ -23,10 +23,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from nemocascade import chat, envs, sampling
+from nemocascade import chat, sampling
 from nemocascade.data import pipeline
 from nemocascade.mesh import batch_sharding, shard_batch, to_host
-from nemocascade.rl import episodes, filters
+from nemocascade.rl import filters
 
 # A stage's `rollout` dict: what is sampled each step, read here alone (and validated by `problems`).
 DEFAULTS = dict(
@@ -115,6 +115,10 @@ class RolloutSource:
         if self.epoch_filter and d.get("epoch_filter"):
             self.epoch_filter.load_state_dict(d["epoch_filter"])
 
+    def take_metrics(self) -> dict:
+        """The scorer's counters since the last call (verifier timeouts, ...)."""
+        return self.scorer.take_metrics()
+
     def prompts(self, n: int) -> list[dict]:
         out = []
         for _ in range(1000 * n):  # bounded even if the epoch filter dropped nearly everything
@@ -138,8 +142,6 @@ class RolloutSource:
         that): chunk c+1 is dispatched before chunk c is scored, so the verifiers run while the device generates
         (`pipelined`). One chunk samples all P prompts with `rng` itself; chunk c of several uses fold_in(rng, c)."""
         ctx, ro, G = self.ctx, self.stage.rollout, self.G
-        if self.stage.episodes.max_turns > 1:
-            return self._episodes(params, records, max_new, rng)
         P = len(records)
         n = chunk_count(P, ro.score_overlap)
         k = P // n
@@ -178,39 +180,6 @@ class RolloutSource:
                   "first": max_prompt - np.concatenate(prompt_lens), "end": max_prompt + lengths.max(1)}
         rows = rows[0] if n == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *rows)
         return Rollouts(rows, groups), timing
-
-    def _episodes(self, params, records, max_new: int, rng):
-        """Multi-turn rollouts (rl/episodes.py): G episodes per record in its domain's environment, rewarded by
-        the environment -> (Rollouts, stats with the agent metrics: turns, tool errors, environment seconds). The
-        agent loop runs on the host (each turn is decoded for the environment), so its rows go to the device here."""
-        ctx, stage = self.ctx, self.stage
-        t = time.perf_counter()
-        settings = episode_settings(stage, max_new, ctx)
-        traj = episodes.run_episodes(params, ctx.model_cfg, ctx.tokenizer, records,
-                                     [envs.env_name(r["domain"], stage.episodes.envs) for r in records], settings,
-                                     rng,
-                                     ctx.mesh, self.G)
-        domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
-        g = episodes.trajectory_groups(traj, [domain_index[r["domain"]] for r in records], self.G,
-                                       settings.max_prompt_len, settings.budget)
-        if self.epoch_filter:
-            self.epoch_filter.update([r["id"] for r in records], g["rewards"])
-        used = g["valid"].any(1)  # [P, L]: the columns some rollout of the group uses
-        groups = {k: g[k] for k in ("rewards", "truncated", "lengths", "domain_idx")} | {
-            "first": used.argmax(1), "end": used.shape[1] - used[:, ::-1].argmax(1)}
-        rows = Rows(*shard_batch(ctx.mesh, [g[k].reshape(-1, *g[k].shape[2:]) for k in Rows._fields]))
-        wall = time.perf_counter() - t
-        stats = {"generate_s": wall - traj.env_s, "score_s": traj.env_s, "score_overlap_s": 0.0}
-        return Rollouts(rows, groups), stats | episodes.episode_metrics(traj)
-
-
-def episode_settings(stage, max_new: int, ctx, greedy: bool = False) -> episodes.Settings:
-    """A multi-turn stage's budgets (its `episodes` dict) at its `rollout` sampling settings."""
-    e, r = stage.episodes, stage.rollout
-    return episodes.Settings(
-        max_turns=e.max_turns, max_new_tokens=max_new, max_total_tokens=e.max_total_tokens,
-        max_obs_tokens=e.max_obs_tokens, max_prompt_len=prompt_width(stage, ctx), temperature=r.temperature,
-        top_p=r.top_p, top_k=r.top_k, greedy=greedy, thinking=ctx.cfg.thinking, stop_tokens=tuple(e.stop_tokens))
 
 
 def chunk_count(P: int, most: int) -> int:

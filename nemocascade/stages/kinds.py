@@ -6,9 +6,9 @@ experiment's config file included) with `register(KIND)`; no library file change
 """
 from __future__ import annotations
 
-from nemocascade.stages import common, grpo, mopd, rm, sft
+from nemocascade.stages import agent, common, grpo, mopd, rm, sft
 
-KINDS: dict[str, common.StageKind] = {m.KIND.name: m.KIND for m in (sft, grpo, mopd, rm)}
+KINDS: dict[str, common.StageKind] = {m.KIND.name: m.KIND for m in (sft, grpo, mopd, rm, agent)}
 
 
 def register(kind: common.StageKind) -> common.StageKind:

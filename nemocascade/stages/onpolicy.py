@@ -23,68 +23,44 @@ asynchronous rollouts.
 from __future__ import annotations
 
 import functools
-import json
-import os
 import time
 from collections import defaultdict
 
 import jax
 import numpy as np
 
-from nemocascade import checkpoint, files, objectives, optim
-from nemocascade.data import domains as domains_lib
-from nemocascade.rl import episodes, filters
+from nemocascade import checkpoint, objectives, optim
+from nemocascade.rl import filters
 from nemocascade.rl import rollouts as rollouts_lib
 from nemocascade.rl import update
-from nemocascade.run_log import progress
 from nemocascade.stages import common, reward_sources
 
-PREFILTER_DEFAULTS = dict(
-    # C2's SWE RL data filter, before the stage: the first `prompts` distinct train problems, sampled `samples` times
-    # each by the starting policy; drop those solved every time and a `drop_unsolved` share of those never solved;
-    # the stage draws from the rest (None: off)
-    prompts=None, samples=16, drop_unsolved=0.9,
-)
 # The stage's parts, each read (and validated) by one module: rollout (rl/rollouts.py), objective (objectives.py),
-# filters (rl/filters.py), reward (stages/reward_sources.py), episodes (rl/episodes.py), prefilter (here)
+# filters (rl/filters.py), reward (stages/reward_sources.py)
 DEFAULTS = dict(
     rollout=dict(rollouts_lib.DEFAULTS), objective=dict(objectives.DEFAULTS), filters=dict(filters.DEFAULTS),
-    reward=dict(reward_sources.REWARD_DEFAULTS), episodes=dict(episodes.DEFAULTS), prefilter=dict(PREFILTER_DEFAULTS),
+    reward=dict(reward_sources.REWARD_DEFAULTS),
 )
 
 
 def check(stage, earlier: dict) -> list[str]:
     """What is wrong with an on-policy stage's settings, as `part.key: problem` lines (empty: fine); run at
     validation. `earlier`: the stages before it (`reward.model` must name one of kind "rm")."""
+    return loop_problems(stage) + reward_sources.problems(stage, earlier)
+
+
+def loop_problems(stage) -> list[str]:
+    """The parts every on-policy stage has (rollout, objective, filters), then the checks that span them."""
     bad = rollouts_lib.problems(stage) + objectives.problems(stage.objective)
     trains_on_rewards = "advantages" in objectives.needs(stage.objective)
-    bad += filters.problems(stage, trains_on_rewards) + reward_sources.problems(stage, earlier)
-    bad += episodes.problems(stage) + prefilter_problems(stage)
+    bad += filters.problems(stage, trains_on_rewards)
     if bad:
         return bad
     B, G, M = stage.rollout.prompts_per_step, stage.rollout.group_size, stage.objective.micro_batches
     bad += [f"rollout.group_size={G}: the group baseline needs >= 2 rollouts per prompt (one is always its own "
             "mean: advantage 0, nothing trains)"] if trains_on_rewards and G < 2 else []
-    bad += [f"objective.micro_batches={M} must divide rollout.prompts_per_step*group_size={B * G}"] if (B * G) % M \
-        else []
-    bad += [f"episodes.max_turns={stage.episodes.max_turns}: the environment rewards episodes; reward.source="
-            f"{stage.reward.source!r} cannot"] if stage.episodes.max_turns > 1 and stage.reward.source != "verifier" \
-        else []
-    return bad
-
-
-def prefilter_problems(stage) -> list[str]:
-    f = stage.prefilter
-    bad = [f"prefilter.{k}: unknown key; known: {sorted(PREFILTER_DEFAULTS)}" for k in sorted(set(f) -
-                                                                                          set(PREFILTER_DEFAULTS))]
-    if bad or f.prompts is None:
-        return bad
-    bad = [f"prefilter.prompts={f.prompts} must be None or >= 1"] if f.prompts < 1 else []
-    bad += [f"prefilter.samples={f.samples} must be >= 1"] if f.samples < 1 else []
-    bad += [f"prefilter.drop_unsolved={f.drop_unsolved} must lie in [0, 1]"] if not 0 <= f.drop_unsolved <= 1 else []
-    bad += [f"prefilter.prompts: the filter counts verifier / environment solves; reward.source="
-            f"{stage.reward.source!r} scores instead"] if stage.reward.source != "verifier" else []
-    return bad
+    return bad + ([f"objective.micro_batches={M} must divide rollout.prompts_per_step*group_size={B * G}"]
+                  if (B * G) % M else [])
 
 
 def teacher_refs(stage) -> dict[str, str]:
@@ -110,8 +86,17 @@ def load_teachers(ctx, name: str, stage) -> tuple[tuple, np.ndarray]:
     return params, np.asarray(of_domain, np.int32)
 
 
-def run(ctx: common.RunContext, name: str, stage, params):
-    """Train `stage.steps` on-policy steps from `params` (settings checked by `check` at validation)."""
+def one_turn(ctx, stage, data_iter, epoch_len, epoch_filter):
+    """The default rollout kind: one sampled response per rollout, scored by the stage's reward source."""
+    return rollouts_lib.RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter,
+                                      scorer=reward_sources.build(ctx, stage))
+
+
+def run(ctx: common.RunContext, name: str, stage, params, source=one_turn, records=None):
+    """Train `stage.steps` on-policy steps from `params` (settings checked by `check` at validation). `source`: the
+    rollout kind, (ctx, stage, data_iter, epoch_len, epoch_filter) -> a RolloutSource (`one_turn`; stages/agent.py:
+    episodes); `records`: the train problems to draw from, when not all of the stage's domains' (a prefiltered
+    set)."""
     B, o = stage.rollout.prompts_per_step, stage.objective
     objective = objectives.build(o)
     tx, schedule = optim.make_optimizer(stage.optim, stage.steps)
@@ -120,11 +105,9 @@ def run(ctx: common.RunContext, name: str, stage, params):
     roles = update.FrozenRoles(ctx.model_cfg, objective.needs, teachers=teachers,
                                reference=params if "ref_logp" in objective.needs else None,
                                teacher_of_domain=teacher_of_domain, topk=o.distill_topk)
-    kept = solve_rate_prefilter(ctx, name, stage, params) if stage.prefilter.prompts else None
-    data_iter, epoch_len = common.prompt_stream(ctx, name, stage, kept)
+    data_iter, epoch_len = common.prompt_stream(ctx, name, stage, records)
     epoch_filter = filters.EpochFilter(seed=ctx.cfg.seed) if stage.filters.epoch else None
-    rollouts = rollouts_lib.RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter,
-                                          scorer=reward_sources.build(ctx, stage))
+    rollouts = source(ctx, stage, data_iter, epoch_len, epoch_filter)
     run_domains = list(ctx.cfg.data.domains)
     step_fn = functools.partial(update.policy_update, model_cfg=ctx.model_cfg, tx=tx, objective=objective,
                                 micro_batches=o.micro_batches, overlong=stage.filters.overlong,
@@ -147,54 +130,11 @@ def run(ctx: common.RunContext, name: str, stage, params):
             metrics |= dict(timing) | rollouts_lib.rollout_metrics(first, run_domains)
             metrics |= {"lr": float(schedule(step)), "max_new_tokens": max_new, "kept_groups": fstats["kept"],
                         "refill_rounds": fstats["rounds"]}
-            metrics |= rollouts.scorer.take_metrics()
+            metrics |= rollouts.take_metrics()
             if stage.eval_every and (step + 1) % stage.eval_every == 0:
                 metrics |= common.quick_eval(ctx, trainer.params, stage)
             trainer.log(step, metrics)
         return trainer.finish()
-
-
-def solve_rate_prefilter(ctx, name: str, stage, params) -> list[dict]:
-    """The train problems the stage keeps after C2's filter (PREFILTER_DEFAULTS), sampled at the stage's own
-    settings (multi-turn too) from `params`. Decided once: the kept ids and the solve counts go to
-    `<workdir>/prefilter/<stage>.json`, which a resumed stage reads instead of sampling again."""
-    f = stage.prefilter
-    examined = domains_lib.first_distinct(common.mixture_source(ctx, stage.domains, "train"), f.prompts)
-    path = os.path.join(ctx.workdir, "prefilter", f"{name}.json")
-    if files.exists(path):
-        ids = set(json.loads(files.read_text(path))["kept_ids"])
-        return [r for r in examined if r["id"] in ids]
-    K, B = f.samples, stage.rollout.prompts_per_step
-    scorer = reward_sources.build(ctx, stage)
-    source = rollouts_lib.RolloutSource(ctx, stage, iter(()), 1, scorer=scorer, group_size=K)
-    solved = []
-    rng = jax.random.key(ctx.cfg.seed + 7919)
-    for start in progress(range(0, len(examined), B), desc=f"[{name}] prefilter x{K}"):
-        part = examined[start:start + B]
-        part += [part[-1]] * (B - len(part))  # one compiled shape
-        sampled, _ = source.sample(params, part, rollouts_lib.max_new_tokens_at(stage.rollout, 0),
-                                   jax.random.fold_in(rng, start))
-        solved += (sampled.groups["rewards"] >= 1.0).sum(1)[:len(examined) - start].tolist()
-    solved = np.asarray(solved)
-    kept = [r for r, k in zip(examined, prefilter_keep(solved, K, f.drop_unsolved, ctx.cfg.seed)) if k]
-    if not kept:
-        raise ValueError(f"stage {name!r}: the prefilter kept none of {len(examined)} problems (solved {K}/{K}: "
-                         f"{int((solved == K).sum())}, 0/{K}: {int((solved == 0).sum())}); lower "
-                         "prefilter.drop_unsolved or raise prefilter.prompts")
-    counts = {str(k): int((solved == k).sum()) for k in range(K + 1)}
-    files.atomic_write(path, json.dumps({"examined": len(examined), "samples": K, "solved_counts": counts,
-                                         "kept": len(kept), "kept_ids": [r["id"] for r in kept]}))
-    print(f"[{name}] prefilter: kept {len(kept)} of {len(examined)} (solved {K}/{K}: {counts[str(K)]}, "
-          f"0/{K}: {counts['0']})", flush=True)
-    return kept
-
-
-def prefilter_keep(solved, samples: int, drop_unsolved: float, seed: int) -> np.ndarray:
-    """C2's filter over solve counts (of `samples` tries each): drop every problem solved every time and, by a draw
-    seeded by `seed`, a `drop_unsolved` share of those never solved -> keep mask."""
-    solved = np.asarray(solved)
-    unlucky = np.random.default_rng(seed).random(solved.shape) < drop_unsolved
-    return ~((solved == samples) | ((solved == 0) & unlucky))
 
 
 def sample_groups(rollouts, params, stage, max_new: int, rng):
