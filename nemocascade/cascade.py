@@ -14,6 +14,7 @@ Stage kinds are records in `nemocascade/stages/kinds.py` (defaults, checks, run)
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import os
@@ -170,9 +171,10 @@ def data_seed(cfg) -> int:
     return cfg.seed if seed < 0 else int(seed)
 
 
-def setup(cfg, workdir: str, config_name: str, variant: str | None, changes=()) -> common.RunContext:
-    """Everything a stage needs; the caller has validated `cfg` and holds the workdir (see `run`); `changes`: the
-    allowed config changes of a resume (a changed `variant` key among them lets the run log take the new variant)."""
+def setup(cfg, workdir: str, config_name: str, variant: str | None, changes=()) -> tuple[common.RunContext, object]:
+    """(everything a stage needs, the params of `config.pretrained` or None); the caller has validated `cfg` and
+    holds the workdir (see `run`); `changes`: the allowed config changes of a resume (a changed `variant` key among
+    them lets the run log take the new variant)."""
     mesh = make_mesh(dict(cfg.mesh))
     data_dir = cfg.data.data_dir or os.path.join(workdir, "data")
     # process 0 builds the datasets (and trains the tokenizer) while the others wait, then they load them
@@ -192,15 +194,17 @@ def setup(cfg, workdir: str, config_name: str, variant: str | None, changes=()) 
     log = RunLog(workdir, config_name, variant, cfg.seed, variant_change=any(k == "variant" for k, _, _ in changes))
     hosts.barrier("run log read")  # every process starts from the same summary and metrics before any is written
     pool = VerifierPool(cfg.reward.num_workers, cfg.reward.timeout_s)
-    ctx = common.RunContext(cfg, workdir, mesh, model_cfg, tokenizer, sources, log,
-                            param_shardings(model_cfg, mesh), pool, pretrained=pretrained)
+    shardings = param_shardings(model_cfg, mesh)
     try:
+        ctx = common.RunContext(cfg, workdir, mesh, model_cfg, tokenizer, sources, log, shardings, pool,
+                                named_checkpoints.NamedCheckpoints(os.path.join(workdir, "checkpoints")),
+                                abstract_params(model_cfg, shardings), held_out.eval_sets(cfg, tokenizer))
         validate_data(ctx)
     except BaseException:
-        ctx.pool.close()
+        pool.close()
         log.close()
         raise
-    return ctx
+    return ctx, pretrained
 
 
 def _scores_of(ctx, stage_name, split_key="eval"):
@@ -270,8 +274,8 @@ def _redo_from(ctx, first: str, changes) -> None:
             for path in (os.path.join(ckpt, name), _final_path(ctx, name), os.path.join(ckpt, "rm", name)):
                 files.rmtree(path)
             files.remove(held_out.item_scores_path(ctx, name))
-        named_checkpoints.NamedCheckpoints(ckpt).drop(dropped)
         named_checkpoints.drop_from_manifest(ckpt, dropped)
+    ctx.checkpoints.drop(dropped)  # every process forgets them; process 0 rewrites the registry
     ctx.log.summary.setdefault("redone", []).append({"time": time.strftime("%Y-%m-%d %H:%M:%S"), "dropped": dropped})
     ctx.log.drop_stages(dropped)  # writes the summary
     print(f"[redo] discarded {dropped}; kept {kept}", flush=True)
@@ -294,7 +298,7 @@ def _locked(cfg, workdir, allow_changes, body):
 
 def _run_locked(cfg, workdir, config_name, variant, changes, redo_from=None) -> dict:
     t_start = time.time()
-    ctx = setup(cfg, workdir, config_name, variant, changes)
+    ctx, pretrained = setup(cfg, workdir, config_name, variant, changes)
     try:
         ckpt_dir = os.path.join(workdir, "checkpoints")
         if redo_from:
@@ -305,13 +309,11 @@ def _run_locked(cfg, workdir, config_name, variant, changes, redo_from=None) -> 
             ctx.log.record_config_changes(changes)
             print("resumed with allowed config changes: " + ", ".join(f"{k} {o!r} -> {n!r}" for k, o, n in changes),
                   flush=True)
-        ctx.checkpoints = named_checkpoints.NamedCheckpoints(ckpt_dir)
-        init = ctx.pretrained if ctx.pretrained is not None else init_sharded(ctx.model_cfg, ctx.mesh,
-                                                                              jax.random.key(cfg.seed))
-        ctx.pretrained = None  # the run owns `init` now
+        init = pretrained if pretrained is not None else init_sharded(ctx.model_cfg, ctx.mesh,
+                                                                      jax.random.key(cfg.seed))
+        del pretrained  # the run owns `init` now
         print(f"model: {count_params(init) / 1e6:.2f}M params, vocab {ctx.model_cfg.vocab_size}, "
               f"devices {ctx.mesh.shape}", flush=True)
-        ctx.abstract_params = abstract_params(ctx.model_cfg, ctx.param_shardings)
         if cfg.get("eval_init") and not ctx.log.summary.get("init"):  # the starting model's scores ("before")
             checkpoint.save_params(_final_path(ctx, "init"), init)
             _evaluate_init(ctx, init)
@@ -327,12 +329,11 @@ def _run_locked(cfg, workdir, config_name, variant, changes, redo_from=None) -> 
             start = ctx.checkpoints.stage_of(stage.handoff.init_from) if stage.handoff.init_from else main
             if start != loaded[0]:
                 loaded = (start, checkpoint.load_params(ctx.checkpoints.path(f"stage:{start}"), ctx.abstract_params))
-            ctx.start_stage = start
             kind = kinds.get(stage.kind)
             refs = _teacher_refs(stage)
             teacher_stages = {d: f"stage:{ctx.checkpoints.stage_of(r)}" for d, r in refs.items()} if refs else None
             t0 = time.time()
-            params = kind.run(ctx, name, stage, loaded[1])
+            params = kind.run(dataclasses.replace(ctx, start_stage=start), name, stage, loaded[1])
             checkpoint.save_params(_final_path(ctx, name), params)
             _evaluate_stage(ctx, name, params, start, teacher_stages, train_s=time.time() - t0, t0=t0)
             if not stage.handoff.side_branch:
@@ -402,13 +403,11 @@ def _rescore_locked(cfg, workdir, config_name, variant, changes) -> dict:
     missing = [e["name"] for e in done if not files.exists(os.path.join(workdir, "checkpoints", "final", e["name"]))]
     if missing:
         raise BadInput(f"{workdir}: no final params for finished stage(s) {missing} under checkpoints/final")
-    ctx = setup(cfg, workdir, config_name, variant, changes)
+    ctx, _ = setup(cfg, workdir, config_name, variant, changes)
     try:
         workdir_lib.save_config(workdir, cfg.to_dict())
         ctx.log.record_config_changes(changes)
-        ctx.checkpoints = named_checkpoints.NamedCheckpoints(os.path.join(workdir, "checkpoints"))
         ctx.checkpoints.clear()  # rebuilt, stage by stage, from the new validation scores
-        ctx.abstract_params = abstract_params(ctx.model_cfg, ctx.param_shardings)
         load = lambda name: checkpoint.load_params(_final_path(ctx, name), ctx.abstract_params)  # noqa: E731
         if ctx.log.summary.get("init"):
             _evaluate_init(ctx, load("init"), wall_s=ctx.log.summary["init"]["wall_s"])

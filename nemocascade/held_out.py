@@ -63,6 +63,18 @@ def validate(cfg) -> None:
                            f"known: {sorted(evaluation.EVAL_SETS)}")
 
 
+def eval_sets(cfg, tokenizer) -> dict:
+    """name -> (the records scored, the number left out as too long) of every named evaluation set
+    (`config.eval.sets`): its first `n` items (0: all) whose prompt fits its `max_prompt_len`."""
+    out = {}
+    for name, sc in cfg.eval.get("sets", {}).items():
+        everything = evaluation.load_eval_set(name)
+        fit = evaluation.fitting(tokenizer, everything, sc.get("max_prompt_len", cfg.eval.max_prompt_len),
+                                 cfg.thinking)
+        out[name] = (fit[:sc.get("n", 0) or None], len(everything) - len(fit))
+    return out
+
+
 def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None) -> tuple[dict, dict]:
     """Held-out score of every domain of the run (C1's per-stage table), not only the stage's own, on `split`
     (the first `eval.n` test items, or the first `eval.val_n` validation items), and on test also every named
@@ -98,10 +110,6 @@ def evaluate_all(ctx: common.RunContext, params, split: str = "test", stage=None
             top_p=sampled["top_p"], avg_k=agent.get("avg_k", AGENT_DEFAULTS["avg_k"]) if split == "test" else 0)
     for name, sc in ctx.cfg.eval.get("sets", {}).items() if split == "test" else ():
         settings = common.eval_settings(ctx) | {k: sc[k] for k in ("max_prompt_len", "max_new_tokens") if k in sc}
-        if name not in ctx.eval_sets:
-            everything = evaluation.load_eval_set(name)
-            fit = evaluation.fitting(ctx.tokenizer, everything, settings["max_prompt_len"], ctx.cfg.thinking)
-            ctx.eval_sets[name] = (fit[:sc.get("n", 0) or None], len(everything) - len(fit))
         records, too_long = ctx.eval_sets[name]
         out[name] = evaluation.evaluate(params, ctx.model_cfg, ctx.tokenizer, records, ctx.pool,
                                         rng=jax.random.key(1000), **settings) | {"skipped_too_long": too_long}

@@ -54,9 +54,10 @@ class StageKind:
     trains_policy: bool = True  # False: trains something else (a reward model) and hands the policy on unchanged
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RunContext:
-    """Everything a stage needs from the run; built once by `nemocascade.cascade.setup`."""
+    """Everything a stage needs from the run; built once, complete, by `nemocascade.cascade.setup`. The driver
+    hands each stage a copy with its `start_stage` (`dataclasses.replace`); nothing below assigns to it."""
     cfg: ml_collections.ConfigDict
     workdir: str
     mesh: jax.sharding.Mesh
@@ -68,9 +69,8 @@ class RunContext:
     pool: Any  # rewards.pool.VerifierPool
     checkpoints: Any = None  # named_checkpoints.NamedCheckpoints: `stage:<name>`, `best:<domain>` -> a checkpoint
     abstract_params: Any = None  # ShapeDtypeStructs with shardings, to load any named checkpoint
-    start_stage: str | None = None  # the stage whose params (and optimizer state) the current stage starts from
-    pretrained: Any = None  # params of config.pretrained, until the driver takes them as the run's start
     eval_sets: dict = dataclasses.field(default_factory=dict)  # name -> (records, number left out as too long)
+    start_stage: str | None = None  # the stage whose params (and optimizer state) the current stage starts from
 
     def records(self, domain: str, split: str, n: int | None = None) -> list[dict]:
         """The first `n` (all: None) records of a domain's split ("train", "val", "test")."""
