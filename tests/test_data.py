@@ -380,3 +380,12 @@ def test_tfds_errors_and_pipeline_over_source(built):
                    for r in (sources["train"][i] for i in range(60))}
     for toks, mask in zip(batch["tokens"], batch["loss_mask"]):
         assert TOK.decode(toks[mask == 1]) in completions
+
+
+def test_pad_to_bucket_rounds_up_to_the_bucket_and_stops_at_most():
+    pad_to_bucket = pipeline.pad_to_bucket
+    assert [pad_to_bucket(n, 32) for n in (0, 1, 32, 33, 64)] == [0, 32, 32, 64, 64]
+    assert pad_to_bucket(70, 32, most=80) == 80 and pad_to_bucket(70, 32, most=100) == 96
+    tokens = np.arange(2 * 48).reshape(2, 48)  # left-padded rows of width 48, longest prompt 17 tokens
+    cut, lengths = pipeline.bucket_left_padded(tokens, np.array([17, 3]), 16)
+    assert cut.shape == (2, 32) and (cut == tokens[:, 16:]).all() and lengths.tolist() == [17, 3]

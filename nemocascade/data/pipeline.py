@@ -132,8 +132,15 @@ def encode_prompts(tokenizer, prompts: Sequence[str], max_len: int,
     return bucket_left_padded(tokens, lengths, bucket) if bucket > 0 else (tokens, lengths)
 
 
+def pad_to_bucket(n: int, bucket: int, most: int | None = None) -> int:
+    """`n` rounded up to a multiple of `bucket` (at most `most`): the one rule by which prompts, observations and
+    kept groups are padded, so a jitted function sees a few shapes instead of one per size."""
+    padded = -(-int(n) // bucket) * bucket
+    return padded if most is None else min(padded, most)
+
+
 def bucket_left_padded(tokens: np.ndarray, lengths: np.ndarray, bucket: int) -> tuple[np.ndarray, np.ndarray]:
-    """Left-padded rows [B, W] cut to the longest row rounded up to a multiple of `bucket` (at most W):
+    """Left-padded rows [B, W] cut to the longest row padded to its bucket (at least one bucket, at most W):
     only padding columns go."""
-    width = min(tokens.shape[1], max(-(-int(np.max(lengths, initial=0)) // bucket), 1) * bucket)
+    width = pad_to_bucket(max(int(np.max(lengths, initial=0)), 1), bucket, most=tokens.shape[1])
     return tokens[:, tokens.shape[1] - width:], lengths

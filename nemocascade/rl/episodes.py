@@ -52,8 +52,7 @@ class Settings:
 
     @property
     def slots(self) -> int:
-        obs = -(-self.max_obs_tokens // OBS_BUCKET) * OBS_BUCKET
-        return self.max_turns * (self.max_new_tokens + obs)
+        return self.max_turns * (self.max_new_tokens + pipeline.pad_to_bucket(self.max_obs_tokens, OBS_BUCKET))
 
 
 @dataclasses.dataclass
@@ -147,7 +146,7 @@ def run_episodes(params, model_cfg, tokenizer, records: list[dict], env_names: l
                     alive[b] = False
             if not alive.any():
                 break
-            W = -(-max(len(obs[b]) for b in np.flatnonzero(alive)) // OBS_BUCKET) * OBS_BUCKET
+            W = pipeline.pad_to_bucket(max(len(obs[b]) for b in np.flatnonzero(alive)), OBS_BUCKET)
             if int(t1) + W >= P + s.slots:
                 break
             obs_tok = np.full((B, W), tokenizer.pad_id, np.int32)

@@ -244,7 +244,7 @@ def training_batch(rounds, groups: dict, target: int, G: int, mesh, bucket: int 
     zero rows up to a multiple of `group_bucket` groups (at most `target`: filtered-out groups cost no training
     compute), all-padding columns cut (`column_window`). Adds rewards and truncated [groups, G] and domain_idx [N]."""
     n = len(groups["group_id"])
-    target = min(target, max(-(-n // group_bucket) * group_bucket, group_bucket)) if group_bucket else target
+    target = pipeline.pad_to_bucket(max(n, 1), group_bucket, most=target)
     pad = target - n
     padded = lambda x: np.concatenate([x, np.zeros((pad, *np.shape(x)[1:]), np.asarray(x).dtype)])  # noqa: E731
     row_idx = (padded(groups["group_id"])[:, None] * G + np.arange(G)).reshape(-1).astype(np.int32)
