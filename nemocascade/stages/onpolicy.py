@@ -15,7 +15,8 @@ Each step, strictly on-policy (METHOD.md "GRPO as used in every RL stage", "MOPD
 What differs between kinds is only configuration: GRPO `objective=dict(terms=dict(pg=1, kl=...))` with rewards
 (RLHF: `reward=dict(source="reward_model", model=` an earlier `rm` stage`)`); MOPD `objective=dict(terms=dict(mopd=1),
 aggregation="seq_mean_token_mean")`, no reward, a learning rate warming up from 0.1x. Any mixture of terms is
-one config away.
+one config away. The rollout kind is the one argument: one turn (`one_turn`, the default) or multi-turn episodes in
+an environment (stages/agent.py passes its `EpisodeSource`).
 
 Left out on purpose: PPO epochs / clipping (one update per batch: the ratio is always 1), value functions,
 asynchronous rollouts.
