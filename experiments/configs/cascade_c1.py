@@ -27,7 +27,9 @@ _spec.loader.exec_module(c2)
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = c2.base("cascade_c1", arg)
     c.stages.rlhf.reward.update(mode="scalar", conciseness_bonus=0.0)  # C1: a scalar BT reward model
-    c.stages.math_rl = grpo_stage(["math"], 24, **c2.RL)
+    # C1's epoch-level filter for math RL (METHOD.md): at 24 steps x 8 prompts of 20,000 no epoch ends, so it never
+    # acts at this scale; a longer math_rl gets it as the paper ran it
+    c.stages.math_rl = grpo_stage(["math"], 24, filters=dict(epoch=True), **c2.RL)
     c.stage_order = ("sft", "rm", "rlhf", "if_rl", "math_rl", "code_rl", "swe_agentless", "swe_exec")
     c2.finish(c, arg)
     return c
