@@ -218,9 +218,3 @@ def episode_metrics(traj: Trajectories) -> dict:
     for k in range(1, int(traj.turns.max(initial=0)) + 1):
         m[f"turns_frac/{k}"] = float((traj.turns == k).mean())
     return m
-
-
-def decode_texts(traj: Trajectories) -> list[str]:
-    """Each episode's turns joined (for logs and reports)."""
-    return ["\n---\n".join(t) for t in traj.texts]
-
