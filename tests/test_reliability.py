@@ -195,6 +195,27 @@ def test_validate_names_the_bad_key(override, message):
     assert err.value.exit_code == 2
 
 
+@pytest.mark.parametrize("override, message", [
+    ({"episodes.max_turns": 0}, r"config\.stages\.rl_multi\.episodes\.max_turns=0 must be >= 1"),
+    ({"episodes.envs": {"swe": "swe_repare"}}, r"config\.stages\.rl_multi\.episodes\.envs\.swe='swe_repare': no such "
+     r"environment"),
+    ({"episodes.max_total_tokens": 8}, r"config\.stages\.rl_multi\.episodes\.max_total_tokens=8 must be None or >= "
+     r"rollout\.max_new_tokens"),
+    ({"prefilter.drop_unsolved": 1.5}, r"config\.stages\.rl_multi\.prefilter\.drop_unsolved=1\.5 must lie in \[0, 1\]"),
+    ({"rollout.group_size": 1}, r"config\.stages\.rl_multi\.rollout\.group_size=1: the group baseline"),
+])
+def test_an_agent_stages_bad_key_is_named(override, message):
+    """An agent stage (stages/agent.py) checks its own parts at start, as every stage kind does."""
+    cfg = configs.load("swe_agent:tiny")
+    stage = cfg.stages.rl_multi
+    for key, value in override.items():
+        part, k = key.split(".")
+        stage[part][k] = value
+    with pytest.raises(errors.BadInput, match=message) as err:
+        cascade.validate(cfg)
+    assert err.value.exit_code == 2
+
+
 def test_sft_rows_without_room_for_a_response_fail_before_training(tmp_path):
     cfg = tiny_sft_config(tmp_path, steps=2)
     cfg.stages.sft.seq_len = 12  # the math prompts are longer: every response would be cut off
