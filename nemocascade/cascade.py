@@ -6,8 +6,9 @@
 
 Handoff between stages: a stage starts from the main line (the last finished stage that is not a side
 branch) or from the checkpoint its `handoff.init_from` names (the `handoff` part is read here alone);
-`optim.state` resets the optimiser (default) or keeps the start stage's Adam state; each stage's data iterator and RNG are seeded by its index in the run
-and checkpointed with it, so a run interrupted anywhere resumes in the right stage at the right step.
+`optim.state` resets the optimiser (default) or keeps the start stage's Adam state; each stage's data iterator
+and RNG are seeded by its index in the run and checkpointed with it, so a run interrupted anywhere resumes in the
+right stage at the right step.
 Named checkpoints (stage finals, best held-out per domain) and the manifest: nemocascade/named_checkpoints.py.
 
 Stage kinds are records in `nemocascade/stages/kinds.py` (defaults, checks, run); this module names none.
@@ -303,7 +304,8 @@ def _run_locked(cfg, workdir, config_name, variant, changes, redo_from=None) -> 
         ckpt_dir = os.path.join(workdir, "checkpoints")
         if redo_from:
             _redo_from(ctx, redo_from, changes)
-        named_checkpoints.check_manifest(ckpt_dir, named_checkpoints.manifest(cfg, reward_sources.verifiers, _teacher_refs))
+        named_checkpoints.check_manifest(ckpt_dir,
+                                         named_checkpoints.manifest(cfg, reward_sources.verifiers, _teacher_refs))
         workdir_lib.save_config(workdir, cfg.to_dict())  # every resume check passed: this is the run's config now
         if changes:
             ctx.log.record_config_changes(changes)

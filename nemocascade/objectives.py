@@ -273,7 +273,7 @@ DEFAULTS = dict(
     aggregation="token_mean",  # losses.AGGREGATIONS
     kl_estimator="k3",  # term kl
     is_low=0.5, is_high=2.0,  # term mopd: the truncated importance-sampling band
-    gjsd_beta=0.5, distill_topk=None,  # terms forward_kl / reverse_kl / gjsd: over the teacher's top K (None: vocabulary)
+    gjsd_beta=0.5, distill_topk=None,  # terms forward_kl / reverse_kl / gjsd: the teacher's top K (None: vocabulary)
     teachers={},  # domain -> checkpoint name for the teacher terms; a domain not listed uses "best:<domain>"
     micro_batches=1,  # the update splits its rows into this many, gradients summed (exact: global normalisers)
 )

@@ -189,7 +189,8 @@ def test_documented_overrides_parse_on_the_command_line():
     # the configs, so the README's overrides are accepted; a comma-separated stage order is a list of stages
     args = ["--config=swe_agent", "--config.eval.agents.multi.avg_k=4", "--config.data.seed=0",
             "--config.eval.avg_k_domains=all", "--config.stage_order=sft,rl_multi",
-            "--config.stages.rl_multi.domains=swe,swe_retry", "--config.stages.rl_multi.rollout.length_curriculum=((0,64),)"]
+            "--config.stages.rl_multi.domains=swe,swe_retry",
+            "--config.stages.rl_multi.rollout.length_curriculum=((0,64),)"]
     out = subprocess.run([sys.executable, "-c", PARSE, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])

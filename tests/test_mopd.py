@@ -106,7 +106,8 @@ def test_student_equal_to_teacher_has_zero_loss_and_gradient():
 @pytest.mark.parametrize("objective", ["forward_kl", "reverse_kl", "gjsd"])
 def test_full_distribution_objectives_reduce_per_response_then_mean(objective):
     b = _batch()
-    params, teacher_params, state, step = _setup(_stage(objective=dict(terms={"mopd": 0.0, objective: 1.0}, gjsd_beta=0.3)))
+    stage = _stage(objective=dict(terms={"mopd": 0.0, objective: 1.0}, gjsd_beta=0.3))
+    params, teacher_params, state, step = _setup(stage)
     _, metrics = step(state, b, teacher_params)
 
     def log_softmax(x):

@@ -161,7 +161,8 @@ def _math_cfg():
 @pytest.mark.parametrize("override, message", [
     ({"stages.grpo.rollout.group_size": 1}, r"config\.stages\.grpo\.rollout\.group_size=1: the group baseline"),
     ({"stages.sft.seq_len": 2}, r"config\.stages\.sft\.seq_len=2 leaves no room for a response"),
-    ({"stages.grpo.objective.micro_batches": 3}, r"config\.stages\.grpo\.objective\.micro_batches=3 must divide .*=128"),
+    ({"stages.grpo.objective.micro_batches": 3},
+     r"config\.stages\.grpo\.objective\.micro_batches=3 must divide .*=128"),
     ({"stages.grpo.rollout.length_curriculum": ((5, 64),)},
      r"config\.stages\.grpo\.rollout\.length_curriculum=.*entry at step 0"),
     ({"stages.grpo.optim.lr": 0.0}, r"config\.stages\.grpo\.optim\.lr must be > 0"),
@@ -174,7 +175,8 @@ def _math_cfg():
     ({"stages.grpo.domains": ["code"]}, r"config\.stages\.grpo\.domains names 'code'"),
     ({"stages.grpo.kind": "ppo"}, r"config\.stages\.grpo\.kind='ppo' unknown"),
     ({"stages.grpo.handoff.init_from": "stage:grpo"}, r"config\.stages\.grpo\.handoff\.init_from='stage:grpo'"),
-    ({"stages.sft.optim.max_nonfinite_steps": 0}, r"config\.stages\.sft\.optim\.max_nonfinite_steps must be an int >= 1"),
+    ({"stages.sft.optim.max_nonfinite_steps": 0},
+     r"config\.stages\.sft\.optim\.max_nonfinite_steps must be an int >= 1"),
     ({"stage_order": ("sft,nosuchstage",)}, r"config\.stage_order names 'nosuchstage'"),  # as the CLI delivers it
     ({"stage_order": ("sft", "grpo", "sft")}, r"repeats a stage"),
     ({"stage_order": ("sfft",)}, r"names 'sfft'.*did you mean 'sft'\?"),

@@ -85,7 +85,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.stages.grpo_math = common.stage_config("grpo", grpo.DEFAULTS, domains=["math"], **rl)
     c.stages.grpo_arith = common.stage_config("grpo", grpo.DEFAULTS, domains=["rg_arith"], **rl)
     c.stages.mopd = common.stage_config(  # teachers: "best:<domain>" on validation (init, SFT or a GRPO stage)
-        "mopd", mopd.DEFAULTS, domains=both, steps=16, rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=64),
+        "mopd", mopd.DEFAULTS, domains=both, steps=16,
+        rollout=dict(prompts_per_step=8, group_size=4, max_new_tokens=64),
         checkpoint_every=4, eval_every=8, eval_n=100,
         optim=dict(lr=2e-6, schedule="linear_warmup", warmup_steps=8, warmup_init=0.1, grad_clip=1.0))
     c.stage_order = ("sft", "grpo_math", "grpo_arith", "mopd")

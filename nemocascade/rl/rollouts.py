@@ -1,8 +1,8 @@
 """On-policy rollouts shared by the RL stage kinds: draw prompts, sample G completions each from the current
 params with the jitted sampler, score them with each prompt's domain reward, and gather the kept groups into the
-training batch (the agent kind's episodes are a subclass of the source: stages/agent.py). Tokens, masks and log-probs stay on the device from the sampler to the
-update: only the response tokens go to the host to be decoded for the stage's scorer (stages/reward_sources.py),
-and only rewards come back.
+training batch (the agent kind's episodes are a subclass of the source: stages/agent.py). Tokens, masks and
+log-probs stay on the device from the sampler to the update: only the response tokens go to the host to be decoded
+for the stage's scorer (stages/reward_sources.py), and only rewards come back.
 
     source = RolloutSource(ctx, stage, data_iter, epoch_len, epoch_filter=None, scorer=reward_sources.build(...))
     rollouts, stats = source.sample(params, source.prompts(B), max_new_tokens, rng)

@@ -46,7 +46,8 @@ def check(stage, earlier: dict) -> list[str]:
 
 def episode_problems(stage) -> list[str]:
     e = stage.episodes
-    bad = [f"episodes.{k}: unknown key; known: {sorted(EPISODE_DEFAULTS)}" for k in sorted(set(e) - set(EPISODE_DEFAULTS))]
+    bad = [f"episodes.{k}: unknown key; known: {sorted(EPISODE_DEFAULTS)}"
+           for k in sorted(set(e) - set(EPISODE_DEFAULTS))]
     if bad or e.max_turns < 1:
         return bad or [f"episodes.max_turns={e.max_turns} must be >= 1"]
     bad = [f"episodes.envs.{d}={v!r}: no such environment; registered: {sorted(envs.ENVS)}"
