@@ -28,7 +28,7 @@ from nemocascade import chat, checkpoint, files, held_out, hosts, interrupts, lo
 from nemocascade import workdir as workdir_lib
 from nemocascade.configs import stage_order
 from nemocascade.data import tfds_builder
-from nemocascade.errors import BadInput
+from nemocascade.errors import BadInput, unknown_keys
 from nemocascade.mesh import make_mesh
 from nemocascade.models import ModelConfig, count_params, init_params, init_sharded, param_shardings
 from nemocascade.models.pretrained import load as load_pretrained
@@ -73,9 +73,9 @@ def validate(cfg) -> None:
 
 
 def _handoff_problems(h) -> list[str]:
-    unknown = sorted(set(h.keys()) - set(common.COMMON_DEFAULTS["handoff"]))
+    unknown = unknown_keys("handoff", h.keys(), common.COMMON_DEFAULTS["handoff"])
     if unknown:
-        return [f"handoff: unknown key(s) {unknown}; known: {sorted(common.COMMON_DEFAULTS['handoff'])}"]
+        return unknown
     if not isinstance(h.side_branch, bool):
         return [f"handoff.side_branch must be True or False, got {h.side_branch!r}"]
     if h.init_from is not None and not isinstance(h.init_from, str):  # a named ref is checked with the teachers'
@@ -132,11 +132,6 @@ def _validate_stage(cfg, name, stage, earlier, batch_axis) -> None:
             raise BadInput(f"{at}.{key}={ref!r}: expected 'stage:<an earlier stage>' (earlier: {earlier}; "
                            f"'stage:init' with config.eval_init), 'best:<domain>' or 'best:<domain>+<domain>...' "
                            f"(domains: {sorted(cfg.data.domains)})")
-    if stage.get("mix"):
-        unknown, nonpositive = common.bad_mix_weights(stage.domains, stage.mix)
-        if unknown or nonpositive:
-            raise BadInput(f"{at}.mix: {unknown | nonpositive} must name the stage's domains "
-                           f"({list(stage.domains)}) with weights > 0")
 
 
 def validate_data(ctx: common.RunContext) -> None:

@@ -44,3 +44,9 @@ class Interrupted(RunStop):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+def unknown_keys(part: str, given, known) -> list[str]:
+    """`part.key: unknown key; known: [...]` for every key of a config part (`given`) not in `known`: the first
+    check of every part's `problems`, so a misspelt key is named before any value is read."""
+    return [f"{part}.{k}: unknown key; known: {sorted(known)}" for k in sorted(set(given) - set(known))]

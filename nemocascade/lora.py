@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from nemocascade import optim
+from nemocascade.errors import unknown_keys
 from nemocascade.models import ModelConfig, param_axes
 
 # alpha: the paper's scaling alpha / rank with alpha fixed, so that changing the rank needs no new learning rate
@@ -47,7 +48,7 @@ def matrices(model_cfg: ModelConfig) -> dict[str, tuple[int, int]]:
 def problems(lora) -> list[str]:
     """What is wrong with a stage's `lora` ConfigDict, as `lora.<key>...` lines (empty: fine); run at validation.
     `targets` is matched against the matrices of any model of the family (the run's own are checked by `init`)."""
-    bad = [f"lora.{k}: unknown key; known: {sorted(DEFAULTS)}" for k in sorted(set(lora.keys()) - set(DEFAULTS))]
+    bad = unknown_keys("lora", lora.keys(), DEFAULTS)
     rank, alpha, targets = (lora.get(k, DEFAULTS[k]) for k in ("rank", "alpha", "targets"))
     if not isinstance(rank, int) or rank < 0:
         bad.append(f"lora.rank={rank!r} must be an integer >= 0 (0: no LoRA, the stage trains every param)")

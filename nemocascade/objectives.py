@@ -46,6 +46,7 @@ import jax.numpy as jnp
 import optax
 
 from nemocascade import losses
+from nemocascade.errors import unknown_keys
 
 INPUTS = ("advantages", "ref_logp", "teacher_logp", "teacher_logits")  # what a term may need scored first
 SCHEDULES = {"constant": optax.constant_schedule, "linear": optax.linear_schedule,
@@ -214,8 +215,7 @@ def problems(objective: Mapping) -> list[str]:
     """What is wrong with an ``objective`` dict, as ``objective.<key>: problem`` lines (empty: fine)."""
     o = _settings(objective)
     options = {k for t in TERMS.values() for k in t.options}
-    bad = [f"objective.{k}: unknown key; known: {sorted(set(DEFAULTS) | options)}"
-           for k in sorted(set(o) - set(DEFAULTS) - options)]
+    bad = unknown_keys("objective", o, set(DEFAULTS) | options)
     bad += [] if o["aggregation"] in losses.AGGREGATIONS else [
         f"objective.aggregation={o['aggregation']!r}; choose one of {losses.AGGREGATIONS}"]
     for name, w in o["terms"].items():

@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from nemocascade.errors import unknown_keys
+
 SCHEDULES = ("constant", "cosine", "linear_warmup")
 STATES = ("reset", "keep")
 DEFAULTS = dict(lr=3e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=1.0, schedule="constant",
@@ -29,10 +31,9 @@ DEFAULTS = dict(lr=3e-4, b1=0.9, b2=0.95, eps=1e-8, weight_decay=0.0, grad_clip=
 
 def problems(o) -> list[str]:
     """"optim.<key>: problem" for each bad key of a stage's `optim` part (empty: fine); checked once, at start."""
-    unknown = sorted(set(o.keys()) - set(DEFAULTS))
-    if unknown:
-        return [f"optim: unknown key(s) {unknown}; known: {sorted(DEFAULTS)}"]
-    out = []
+    out = unknown_keys("optim", o.keys(), DEFAULTS)
+    if out:
+        return out
     if not o.lr > 0:
         out.append(f"optim.lr must be > 0, got {o.lr}")
     if o.schedule not in SCHEDULES:

@@ -132,6 +132,13 @@ def encode_prompts(tokenizer, prompts: Sequence[str], max_len: int,
     return bucket_left_padded(tokens, lengths, bucket) if bucket > 0 else (tokens, lengths)
 
 
+def bad_mix_weights(domains, weights) -> tuple[dict, dict]:
+    """The entries of a mixture's `weights` (domain -> weight) that name no domain of `domains`, and those
+    whose weight is not > 0: what `stages/common.py mixture_source` refuses and config validation reports."""
+    unknown = {d: w for d, w in weights.items() if d not in domains}
+    return unknown, {d: w for d, w in weights.items() if d not in unknown and not w > 0}
+
+
 def pad_to_bucket(n: int, bucket: int, most: int | None = None) -> int:
     """`n` rounded up to a multiple of `bucket` (at most `most`): the one rule by which prompts, observations and
     kept groups are padded, so a jitted function sees a few shapes instead of one per size."""

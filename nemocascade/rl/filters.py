@@ -15,6 +15,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from nemocascade.errors import unknown_keys
+
 OVERLONG_MODES = ("filter", "penalty", "none")
 # A stage's `filters` dict, read here and by the on-policy loop (stages/onpolicy.py sample_groups)
 DEFAULTS = dict(
@@ -29,7 +31,7 @@ DEFAULTS = dict(
 def problems(stage, trains_on_rewards: bool) -> list[str]:
     """What is wrong with a stage's `filters` dict, as `filters.<key>: problem` lines (empty: fine)."""
     f = stage.filters
-    bad = [f"filters.{k}: unknown key; known: {sorted(DEFAULTS)}" for k in sorted(set(f) - set(DEFAULTS))]
+    bad = unknown_keys("filters", f, DEFAULTS)
     if bad:
         return bad
     bad += [f"filters.refill_rounds={f.refill_rounds} must be >= 1"] if f.refill_rounds < 1 else []

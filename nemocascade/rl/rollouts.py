@@ -25,6 +25,7 @@ import numpy as np
 
 from nemocascade import chat, sampling
 from nemocascade.data import pipeline
+from nemocascade.errors import unknown_keys
 from nemocascade.mesh import batch_sharding, shard_batch, to_host
 from nemocascade.rl import filters
 
@@ -46,7 +47,7 @@ DEFAULTS = dict(
 def problems(stage) -> list[str]:
     """What is wrong with a stage's `rollout` dict, as `rollout.<key>: problem` lines (empty: fine)."""
     r = stage.rollout
-    bad = [f"rollout.{k}: unknown key; known: {sorted(DEFAULTS)}" for k in sorted(set(r) - set(DEFAULTS))]
+    bad = unknown_keys("rollout", r, DEFAULTS)
     if bad:
         return bad
     bad += [f"rollout.{k}={r[k]} must be >= 1" for k in ("prompts_per_step", "group_size", "max_new_tokens",
@@ -59,9 +60,8 @@ def problems(stage) -> list[str]:
                    "everywhere (room for a response)")
     bad += [f"rollout.temperature={r.temperature} must be > 0"] if not r.temperature > 0 else []
     bad += [f"rollout.top_p={r.top_p} must be in (0, 1]"] if not 0 < r.top_p <= 1 else []
-    unknown = sorted(d for d in r.mix if d not in stage.domains)
-    nonpositive = {d: w for d, w in r.mix.items() if d not in unknown and not w > 0}
-    bad += [f"rollout.mix names {unknown}, not the stage's domains {list(stage.domains)}"] if unknown else []
+    unknown, nonpositive = pipeline.bad_mix_weights(stage.domains, r.mix)
+    bad += [f"rollout.mix names {sorted(unknown)}, not the stage's domains {list(stage.domains)}"] if unknown else []
     return bad + ([f"rollout.mix: weights must be > 0, got {nonpositive}"] if nonpositive else [])
 
 

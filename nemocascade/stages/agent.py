@@ -21,6 +21,7 @@ import numpy as np
 
 from nemocascade import envs, files
 from nemocascade.data import domains as domains_lib
+from nemocascade.errors import unknown_keys
 from nemocascade.mesh import shard_batch
 from nemocascade.rl import episodes
 from nemocascade.rl import rollouts as rollouts_lib
@@ -46,8 +47,7 @@ def check(stage, earlier: dict) -> list[str]:
 
 def episode_problems(stage) -> list[str]:
     e = stage.episodes
-    bad = [f"episodes.{k}: unknown key; known: {sorted(EPISODE_DEFAULTS)}"
-           for k in sorted(set(e) - set(EPISODE_DEFAULTS))]
+    bad = unknown_keys("episodes", e, EPISODE_DEFAULTS)
     if bad or e.max_turns < 1:
         return bad or [f"episodes.max_turns={e.max_turns} must be >= 1"]
     bad = [f"episodes.envs.{d}={v!r}: no such environment; registered: {sorted(envs.ENVS)}"
@@ -64,8 +64,7 @@ def episode_problems(stage) -> list[str]:
 
 def prefilter_problems(stage) -> list[str]:
     f = stage.prefilter
-    bad = [f"prefilter.{k}: unknown key; known: {sorted(PREFILTER_DEFAULTS)}"
-           for k in sorted(set(f) - set(PREFILTER_DEFAULTS))]
+    bad = unknown_keys("prefilter", f, PREFILTER_DEFAULTS)
     if bad or f.prompts is None:
         return bad
     bad = [f"prefilter.prompts={f.prompts} must be None or >= 1"] if f.prompts < 1 else []
@@ -74,13 +73,13 @@ def prefilter_problems(stage) -> list[str]:
                   if not 0 <= f.drop_unsolved <= 1 else [])
 
 
-def episode_settings(stage, max_new: int, ctx, greedy: bool = False) -> episodes.Settings:
+def episode_settings(stage, max_new: int, ctx) -> episodes.Settings:
     """The stage's budgets (its `episodes` part) at its `rollout` sampling settings."""
     e, r = stage.episodes, stage.rollout
     return episodes.Settings(
         max_turns=e.max_turns, max_new_tokens=max_new, max_total_tokens=e.max_total_tokens,
         max_obs_tokens=e.max_obs_tokens, max_prompt_len=rollouts_lib.prompt_width(stage, ctx),
-        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, greedy=greedy, thinking=ctx.cfg.thinking,
+        temperature=r.temperature, top_p=r.top_p, top_k=r.top_k, thinking=ctx.cfg.thinking,
         stop_tokens=tuple(e.stop_tokens))
 
 

@@ -130,13 +130,6 @@ def optimizer(stage):
     return optim.make_optimizer(stage.optim, stage.steps)
 
 
-def bad_mix_weights(domains, weights) -> tuple[dict, dict]:
-    """The entries of a mixture's `weights` (domain -> weight) that name no domain of `domains`, and those
-    whose weight is not > 0: what `mixture_source` refuses and config validation reports."""
-    unknown = {d: w for d, w in weights.items() if d not in domains}
-    return unknown, {d: w for d, w in weights.items() if d not in unknown and not w > 0}
-
-
 def mixture_source(ctx: RunContext, domains, split: str, weights=None):
     """One domain's source, or an interleaving of several (grain MapDataset.mix): equal shares, or in
     proportion to `weights` (domain -> weight > 0; domains not named weigh 1)."""
@@ -145,7 +138,7 @@ def mixture_source(ctx: RunContext, domains, split: str, weights=None):
         raise KeyError(f"stage asks for domain(s) {missing} but the run prepared {sorted(ctx.sources)}; "
                        f"add them to config.data")
     weights = dict(weights or {})
-    unknown, nonpositive = bad_mix_weights(domains, weights)
+    unknown, nonpositive = pipeline.bad_mix_weights(domains, weights)
     if unknown or nonpositive:
         problems = ([f"domains not in the stage {sorted(unknown)}"] if unknown else []) + (
             [f"non-positive {nonpositive}"] if nonpositive else [])

@@ -30,7 +30,7 @@ from collections import defaultdict
 import jax
 import numpy as np
 
-from nemocascade import checkpoint, objectives, optim
+from nemocascade import checkpoint, objectives
 from nemocascade.rl import filters
 from nemocascade.rl import rollouts as rollouts_lib
 from nemocascade.rl import update
@@ -100,7 +100,7 @@ def run(ctx: common.RunContext, name: str, stage, params, source=one_turn, recor
     set)."""
     B, o = stage.rollout.prompts_per_step, stage.objective
     objective = objectives.build(o)
-    tx, schedule = optim.make_optimizer(stage.optim, stage.steps)
+    tx, schedule = common.optimizer(stage)
     teachers, teacher_of_domain = load_teachers(ctx, name, stage) if objective.needs & update.TEACHER_INPUTS \
         else ((), None)
     roles = update.FrozenRoles(ctx.model_cfg, objective.needs, teachers=teachers,

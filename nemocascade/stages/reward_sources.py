@@ -24,6 +24,7 @@ import numpy as np
 
 from nemocascade import checkpoint, evaluation
 from nemocascade.data import domains
+from nemocascade.errors import unknown_keys
 from nemocascade.models import pretrained
 from nemocascade.rewards import judge as judge_lib
 from nemocascade.rewards import rm_scorer
@@ -70,9 +71,9 @@ def register(name: str, build: Callable, check: Callable | None = None, keys: di
 def problems(stage, earlier: dict) -> list[str]:
     """What is wrong with a stage's `reward` dict, as `reward.<key>: problem` lines (empty: fine)."""
     r = stage.reward
-    unknown = sorted(set(r) - set(REWARD_DEFAULTS))
+    unknown = unknown_keys("reward", r, REWARD_DEFAULTS)
     if unknown:
-        return [f"reward.{k}: unknown key; known: {sorted(REWARD_DEFAULTS)}" for k in unknown]
+        return unknown
     chosen = SOURCES.get(r.source)
     if chosen is None:
         return [f"reward.source={r.source!r}: no such source; registered: {sorted(SOURCES)}"]

@@ -31,6 +31,9 @@ MIN_SEQ_LEN = 8  # a prompt's chat frame alone takes a few tokens: shorter rows 
 def check(stage, earlier: dict) -> list[str]:
     """What is wrong with an SFT stage's settings (the data-aware check is `check_room`)."""
     bad = [f"batch_size={stage.batch_size} must be >= 1"] if stage.batch_size < 1 else []
+    unknown, nonpositive = pipeline.bad_mix_weights(stage.domains, stage.mix)
+    bad += [f"mix: {unknown | nonpositive} must name the stage's domains ({list(stage.domains)}) with weights > 0"
+            ] if unknown or nonpositive else []
     return bad + ([f"seq_len={stage.seq_len} leaves no room for a response (minimum {MIN_SEQ_LEN})"]
                   if stage.seq_len < MIN_SEQ_LEN else [])
 
