@@ -76,8 +76,6 @@ def _handoff_problems(h) -> list[str]:
     unknown = unknown_keys("handoff", h.keys(), common.COMMON_DEFAULTS["handoff"])
     if unknown:
         return unknown
-    if not isinstance(h.side_branch, bool):
-        return [f"handoff.side_branch must be True or False, got {h.side_branch!r}"]
     if h.init_from is not None and not isinstance(h.init_from, str):  # a named ref is checked with the teachers'
         return [f"handoff.init_from must be None or a checkpoint name, got {h.init_from!r}"]
     return []
