@@ -65,7 +65,7 @@ def _clean_final(text: str) -> str:
 def split_think(text: str, in_think: bool = False) -> tuple[str, str]:
     """Split a model output into (reasoning, final response), both whitespace-stripped.
 
-    Rules (the same ones `strip_think` documents):
+    Rules:
       * has `</think>`: final = text after the LAST `</think>` (a model that closes twice has only
         finished thinking at the last close); reasoning = text before it, after the first `<think>` if any.
       * has `<think>` but no `</think>`: thinking never finished, so there is no final response:
@@ -95,13 +95,10 @@ def split_think(text: str, in_think: bool = False) -> tuple[str, str]:
 def strip_think(text: str, in_think: bool = False) -> str:
     """The final response: what answer extraction, code execution and reward models look at.
 
-      * text after the LAST `</think>`, minus one trailing `<|im_end|>` and surrounding whitespace;
-      * "" when `<think>` was opened but never closed (unfinished thinking has no answer to grade);
-      * the whole text (stripped, minus a trailing `<|im_end|>`) when it has neither tag, e.g. a
-        non-thinking-mode completion, unless `in_think=True` (see `split_think`), which gives "".
-
-    Pass `in_think=True` for thinking-mode completions that were generated after `render_prompt(...,
-    thinking=True)`: their `<think>` lives in the prompt.
+    `split_think`'s final response: the text after the LAST `</think>` (stripped, minus one trailing
+    `<|im_end|>`); "" when thinking was opened and never closed (unfinished thinking has no answer to grade);
+    else the whole text. Pass `in_think=True` for completions of a `render_prompt(..., thinking=True)` prompt,
+    whose `<think>` lives in the prompt.
     """
     return split_think(text, in_think=in_think)[1]
 

@@ -5,23 +5,22 @@
     step = env.step(action_text)     # Step(observation, reward, done, tool_error)
 
 An environment is registered by name (`register_env`) and picked per domain like a reward: a domain's record
-names its environment (`data.domains.Domain.env`), a stage's `envs` overrides it. The episode's reward is the reward of its last step
-(a trajectory cut by a budget is scored on what it wrote last). Built-ins:
+names its environment (`data.domains.Domain.env`), a stage's `envs` overrides it. The episode's reward is the
+reward of its last step (a trajectory cut by a budget is scored on what it wrote last). Built-ins:
 
 ``swe_repair`` (domain swe)
     the model writes the whole fixed function; the environment runs ALL the record's tests under the sandbox's
     harness (`rewards.code.passes_tests`): pass -> reward 1, done. Otherwise it runs the function on the shown
-    test (sandboxed, plain run) and answers in the domain's own prompt format with the model's code as the new
-    buggy code: "Fix the bug. <code> Failing: <shown test>, got <value>". When the shown test passes but a
-    hidden one fails, the episode ends with reward 0 (the agent sees the shown test only, as in SWE-bench:
-    the grading tests are hidden). No code block: a tool error, asked again.
+    test and answers in the domain's prompt format, the model's code as the new buggy code: "Fix the bug.
+    <code> Failing: <shown test>, got <value>". If the shown test passes but a hidden one fails, the episode
+    ends with reward 0 (as in SWE-bench, the grading tests are hidden). No code block: a tool error, asked again.
 ``tool_exec`` (domain tool)
-    the model makes one `<tool_call>`; the environment checks it against the listed tools' typed signatures
-    and, when it is well formed, EXECUTES the function (`ToolWorld`: an alarm list, a shopping list, bookings,
-    ... and deterministic weather) and returns `<tool_response>{result}</tool_response>`, done; reward 1 iff the
-    executed call is the requested one (the domain's verifier). A malformed call, an unlisted tool or a
-    wrongly typed argument is a tool error, answered with the error and the parameter named, so the model can
-    call again (the domain's teacher quotes integers: the environment says so).
+    the model makes one `<tool_call>`; a well-formed call of a listed tool with correctly typed arguments is
+    EXECUTED (`ToolWorld`: alarms, a shopping list, bookings, ... and deterministic weather) and answered with
+    `<tool_response>{result}</tool_response>`, done; reward 1 iff it is the requested call (the domain's
+    verifier). A malformed call, an unlisted tool or a wrongly typed argument is a tool error, answered with the
+    error and the parameter named, so the model can call again (the domain's teacher quotes integers: the
+    environment says so).
 ``python`` (any domain with a verifier)
     a reply with a ```python block runs it in the sandbox and returns its output (stdout, then stderr, cut to
     `OUTPUT_CHARS`), reward 0; a reply without one is the final answer, scored by the domain's reward, done.

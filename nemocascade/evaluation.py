@@ -69,10 +69,9 @@ def evaluate(params, model_cfg, tokenizer, records, pool, *, batch_size, max_pro
     and the verifier failure counts of `score_texts` (a score of 0 that a timeout or a verifier bug produced is
     then visible in summary.json, not only in the training metrics).
 
-    With `avg_k` > 0 also avg@k: `avg_k` samples per record at `temperature` / `top_p` (the RL stages' sampling
-    settings), each record's mean score, then their mean over records ("avg@k", "k", "avg@k_ci95": the interval
-    over records, whose k-sample means are the independent units; "avg@k_scores": those means, in order).
-    `desc`: progress bars named after it."""
+    With `avg_k` > 0 also avg@k: `avg_k` samples per record at `temperature` / `top_p`, each record's mean score,
+    then their mean over records ("avg@k", "k", "avg@k_ci95": the interval over records, whose k-sample means are
+    the independent units; "avg@k_scores": those means, in order). `desc`: progress bars named after it."""
     # with avg@k, each prompt is prefilled once for its greedy answer and its k samples (`greedy_first`): the
     # prefill is most of this evaluation's cost (short answers); batch_size // (k + 1) records a batch (>= 1)
     k = avg_k if avg_k > 0 and records else 0

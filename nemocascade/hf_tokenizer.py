@@ -1,9 +1,8 @@
 """A Hugging Face `tokenizers.Tokenizer` behind the interface of our SentencePiece `Tokenizer`.
 
-The pipelines, the sampler and evaluation use a tokenizer only through `nemocascade.tokenizer.TextTokenizer`
-(encode, decode, eos_id, pad_id, vocab_size, token_id, id_to_piece). `HFTokenizer` provides it for a real
-model's own vocabulary, so a pretrained checkpoint (`models.hf.load`, `models.gguf.load_gguf`) is prompted
-and decoded with the ids it was trained on:
+`HFTokenizer` gives a real model's own vocabulary the `nemocascade.tokenizer.TextTokenizer` interface (all that
+the pipelines, sampler and evaluation use), so a pretrained checkpoint (`models.hf.load`, `models.gguf.load_gguf`)
+is prompted and decoded with the ids it was trained on:
 
   * `encode` adds no bos/eos (as ours: the chat template carries its markers); special tokens written in
     the text (`<|im_start|>`) encode to their single id;

@@ -4,8 +4,7 @@ Shapes: ``B``/``N`` sequences (responses), ``T`` positions, ``V`` vocabulary. Ev
 tokens that count (response tokens, not prompt or padding) and 0 elsewhere; any numeric or bool dtype.
 All reductions run in float32 whatever the dtype of the logits. Shapes, ranks and integer dtypes are asserted at
 each function's boundary with chex (at trace time under jit; a failure is an AssertionError naming the argument);
-a bad option (an unknown estimator, a band, a coefficient) is a ValueError. tests/test_losses.py runs the losses
-with and without jit (chex variants).
+a bad option (an unknown estimator, a band, a coefficient) is a ValueError.
 
 Contents:
   token_cross_entropy   SFT next-token loss.
@@ -15,9 +14,9 @@ Contents:
   loss_normalizer       the denominator of the one reduction, on the global batch (micro-batch-exact).
   aggregate_sum         the one reduction (token_mean / seq_mean_token_mean / constant), over loss_normalizer.
   mopd_token_loss       multi-domain on-policy distillation's per-token loss (C2 section 4.4).
-The objective terms (objectives.py) combine these: GRPO is the `pg` term (+ `kl`), MOPD the `mopd` term.
   forward_kl / reverse_kl / generalized_jsd   full-distribution distillation losses (GKD), per token.
   bradley_terry_loss    pairwise reward-model loss (RLHF, C1 scalar RM).
+The objective terms (objectives.py) combine these: GRPO is the `pg` term (+ `kl`), MOPD the `mopd` term.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "constant")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 
 # The IS band is inclusive. exp(log r) in float32 can land an ulp or two off 0.5 / 2.0 on some backends,
-# so the edges get a relative slack far below any ratio that matters (0.49 and 2.01 are well outside).
+# so the edges get a relative slack far below any ratio that matters.
 _BAND_RTOL = 1e-6
 
 

@@ -93,7 +93,7 @@ def batch_sharding(mesh: Mesh, ndim: int, batch_size: int) -> NamedSharding:
 
 
 def shard_batch(mesh: Mesh, batch):
-    """Place a host batch (pytree of numpy arrays) on the mesh, leading dim split over data x fsdp.
+    """Place a host batch (pytree of numpy arrays) on the mesh, leading dim split over the batch axes.
 
     Every host holds the same *global* batch (our pipelines are deterministic given the seed) and each
     device takes its rows from it, so single- and multi-host runs see identical data."""

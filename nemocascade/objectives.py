@@ -21,8 +21,7 @@ loss and per-token diagnostics. ``x`` holds, [N, T] and aligned with the next-to
 term with non-zero weight reads it. ``options`` names the keys of the stage's ``objective`` dict a term reads
 (``kl_estimator``; an experiment's term may add its own).
 
-A stage's ``objective`` dict (``DEFAULTS``) is read here: ``terms`` (term -> weight), ``aggregation``, the terms'
-options, ``teachers`` (domain -> checkpoint for the teacher terms) and ``micro_batches`` (the update's row split).
+A stage's ``objective`` dict is read here; its keys and defaults are ``DEFAULTS``.
 
 Every term's loss goes through the stage's one ``aggregation`` (losses.AGGREGATIONS) with a normaliser taken
 on the *global* batch, so micro-batch gradients sum to the full-batch gradient for every term. Diagnostics

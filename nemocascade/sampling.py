@@ -10,9 +10,9 @@ full-forward log-probs as the sampler-vs-trainer mismatch metric (MOPD's pi_inf)
 
 Decode attention (`chunk`): on CPU each step reads the KV cache `ATTN_CHUNK` slots at a time and only up to the
 last filled slot (`blocks.cached_attention`), so a step costs what the filled slots cost, not the cache's length
-(benchmarks/episodes.py: a multi-turn episode's cache is mostly empty until its last turn). Elsewhere the default
-stays one dense pass over the whole cache: a loop of dynamic length in every layer of every step was not measured on
-an accelerator, where its iterations may cost more than the slots they skip. `chunk=0` forces the dense pass.
+(a multi-turn episode's cache is mostly empty until its last turn). On accelerators the default is one dense pass
+over the whole cache: a dynamic-length loop in every layer of every step may cost more there than the slots it
+skips. `chunk=0` forces the dense pass.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from nemocascade.models.transformer import ModelConfig, forward_cached, init_cache, left_pad_positions
 
 
-ATTN_CHUNK = 128  # cache slots per read of chunked decode attention (CPU default; 64 and 128 measured alike)
+ATTN_CHUNK = 128  # cache slots per read of chunked decode attention (the CPU default)
 
 
 def attn_chunk(chunk: int | None) -> int:
@@ -64,7 +64,7 @@ def _nucleus(logits, top_p):
     """Mask every token below the nucleus threshold t*, the largest probability t with mass(p >= t) >= top_p
     (= the probability of the last token of the sorted prefix whose mass reaches top_p). Found by bisection
     over the float32 bit patterns of t (monotone for t >= 0): 31 passes of a compare-and-sum over the vocabulary
-    instead of a full-vocabulary sort, which on a CPU cost ~40x more at batch 32 x 49k vocabulary."""
+    instead of a full-vocabulary sort, which costs far more on a CPU."""
     probs = jax.nn.softmax(logits, axis=-1)
     bits = lambda x: jax.lax.bitcast_convert_type(x, jnp.int32)  # noqa: E731
     as_float = lambda b: jax.lax.bitcast_convert_type(b, jnp.float32)  # noqa: E731
@@ -85,7 +85,7 @@ def _nucleus(logits, top_p):
 def draw(logits, key):
     """One token per row from softmax(logits) (-inf = excluded) by inverting the CDF with one uniform per row:
     the same distribution as `jax.random.categorical` (Gumbel-max), without its vocabulary-sized draw of random
-    bits per row and step (5.5x slower at batch 32 x 49k vocabulary on a CPU)."""
+    bits per row and step (several times slower on a CPU)."""
     cdf = jnp.cumsum(jax.nn.softmax(logits, axis=-1), axis=-1)
     total = cdf[..., -1:]
     # u < total strictly (u * total can round up to it), so the first cdf entry above u is a token with mass
@@ -190,8 +190,8 @@ def sequences(samples: Samples):
 # talking writes one token a step, the others write an empty (invalid) slot; an observation is one chunk of
 # `W` slots, right-padded per row. Each row keeps its own rotary position (its real tokens so far) and attends
 # only to its valid slots, so its tokens are exactly those of the compacted trajectory (prompt, turn,
-# observation, turn, ...) re-encoded from scratch (tests/test_episodes.py). Mamba layers would let an empty slot
-# decay their state: multi-turn sampling refuses hybrid models (`check_episode_model`).
+# observation, turn, ...) re-encoded from scratch. Mamba layers would let an empty slot decay their state:
+# multi-turn sampling refuses hybrid models (`check_episode_model`).
 
 
 class Episodes(NamedTuple):

@@ -1,84 +1,73 @@
 """Run untrusted Python source (model-written code) in a separate, locked-down process.
 
-METHOD.md "Rewards per domain": model-written code runs in a sandbox with time and memory limits, no
-network and no writes outside a scratch directory. :func:`run_python` runs one program, :func:`run_many`
-runs several in parallel (threads, each waiting on its own subprocess). Every call reaps what it started
-before it returns: the namespace's init (whose death takes every process in the namespace with it),
-then the whole process group, SIGKILLed and waited for.
+METHOD.md "Rewards per domain": model-written code runs with time and memory limits, no network and no writes
+outside a scratch directory. :func:`run_python` runs one program, :func:`run_many` several in parallel (threads,
+each waiting on its own subprocess). Every call reaps what it started before it returns: the namespace's init
+(whose death takes every process in the namespace with it), then the whole process group, SIGKILLed and waited for.
 
-Layers, outermost first. ``isolation`` names the strongest level this machine allows
-(:func:`available_isolation`, probed once per process):
+Layers, outermost first. ``isolation`` names the strongest level this machine allows (:func:`available_isolation`):
 
 ``"root-ns"`` (running as root, ``unshare``/``setpriv``/``mount`` present)
-    * fresh network namespace (a loopback that is down: no connection to anything, 127.0.0.1
-      included), PID namespace (the program is PID 1 and sees no outside process), IPC, UTS and mount
-      namespaces;
-    * in the mount namespace: ``/`` remounted read-only, a private ``/proc``, a private 1 MiB
-      ``/dev/shm``, and the scratch directory a fresh size-capped tmpfs (gone with the namespace);
-    * the program runs as a random unprivileged uid/gid (no supplementary groups, no capabilities,
-      ``no_new_privs``): RLIMIT_NPROC applies (root ignores it) and so do file permissions. A directory
-      above the interpreter that this uid cannot enter (``/root`` for a pyenv Python) is covered by an
-      empty tmpfs with only the interpreter's prefix bind-mounted back in (its secrets stay hidden).
+    * fresh network (loopback down: no connection to anything, 127.0.0.1 included), PID (the program is PID 1
+      and sees no outside process), IPC, UTS and mount namespaces;
+    * in the mount namespace: ``/`` read-only, a private ``/proc``, a private 1 MiB ``/dev/shm``, and the scratch
+      directory a fresh size-capped tmpfs (gone with the namespace);
+    * a random unprivileged uid/gid (no supplementary groups, no capabilities, ``no_new_privs``), so RLIMIT_NPROC
+      (which root ignores) and file permissions apply. A directory above the interpreter that this uid cannot
+      enter (``/root`` for a pyenv Python) is covered by an empty tmpfs with only the interpreter's prefix
+      bind-mounted back in (its secrets stay hidden).
 ``"user-ns"`` (unprivileged user namespaces allowed)
-    the same namespaces and mounts inside a user namespace; the program is root there, mapped to the
-    caller's uid. For a non-root caller RLIMIT_NPROC then counts per namespace (Linux >= 5.14); for a
-    root caller the mapped uid is root, which ignores RLIMIT_NPROC -- hence "root-ns" for root.
+    the same inside a user namespace, where the program is root, mapped to the caller's uid. For a non-root caller
+    RLIMIT_NPROC then counts per namespace (Linux >= 5.14); for a root caller the mapped uid is root, which
+    ignores RLIMIT_NPROC -- hence "root-ns" for root.
 ``"hook-only"``
-    no namespaces: resource limits and the audit hook below only.
+    no namespaces: resource limits and the audit hook only.
 
 In every level:
-    * a new session and process group (``start_new_session``); ``setpriv --pdeathsig KILL`` makes the
-      sandbox die with the thread that started it (a :class:`~nemocascade.rewards.pool.VerifierPool`
-      worker killed for a timeout takes its sandbox with it);
-    * ``python -I -S -B``: no ``PYTHON*`` variables, no site-packages (the standard library only), no
-      cwd on ``sys.path``; an empty environment plus ``PATH``/``HOME``/``TMPDIR``/``LANG``; stdin =
-      /dev/null (with ``tests``: a pipe, read to EOF and replaced by /dev/null before the program);
-      cwd = the scratch directory; stdout + stderr capped: more kills the run, and what is left in the
-      pipes is drained while the run is torn down (a flood ends within ~0.1 s, not at the teardown
-      timeout);
-    * a bootstrap (``sandbox_boot.py``, passed as ``-c``) that sets RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC,
-      RLIMIT_FSIZE, RLIMIT_NOFILE and RLIMIT_CORE=0, then installs a ``sys.addaudithook`` hook (which
-      cannot be removed) before the program runs. The hook refuses fork/exec/spawn/system/subprocess,
-      signals to other processes, sockets, ctypes, sub-interpreters, gc object walks, code-object
-      construction, setrlimit, importing C modules that reach the OS without audit events
-      (``_posixsubprocess``, ``_ctypes``, ``_sqlite3``, ...), ``chdir``, links and symlinks; any write,
-      create, delete, rename, chmod, ... outside the scratch directory (paths resolved with symlinks
-      followed; a PathLike path is refused for writes since its ``__fspath__`` is program code); a
-      ``..`` out of a directory below the scratch directory, or after a name in a relative path (the
-      hook resolves ``..`` by name, the kernel through the directory, which a racing rename can move up
-      mid-walk: ``a/b/../../proc/self/mem`` read memory about once in 30 runs); opening
-      a directory outside it (no ``dir_fd`` escapes); reading ``/proc/<pid>`` of other processes, its own
-      ``/proc/<pid>/mem`` (any task's) and memory devices; adding audit hooks; replacing the code or
-      defaults of the bootstrap's own functions; and every route to a frame object: ``sys._getframe``
-      (a ValueError, which ``namedtuple``/``typing``/``enum``/``logging`` treat as "no frame"),
-      ``sys._current_frames``, ``sys.settrace``/``setprofile`` (so ``threading.settrace`` too), and
-      reading ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``; ``gc.set_debug`` is a stand-in that
-      refuses (``DEBUG_SAVEALL`` put cyclic garbage, frames included, in ``gc.garbage``, no audit event
-      on the way). Signal handlers receive frames and
-      ``signal.signal`` raises no audit event, so ``_signal`` is swapped for a stand-in with the same
-      constants whose functions refuse (``import signal`` works), and ``_imp.create_builtin``, which
-      could build the real one again without an audit event, is deleted once every other builtin module
-      is imported.
+    * a new session and process group; ``setpriv --pdeathsig KILL`` makes the sandbox die with the thread that
+      started it (a :class:`~nemocascade.rewards.pool.VerifierPool` worker killed for a timeout takes its sandbox
+      with it);
+    * ``python -I -S -B``: no ``PYTHON*`` variables, no site-packages, no cwd on ``sys.path``; an environment of
+      only ``PATH``/``HOME``/``TMPDIR``/``LANG``; stdin /dev/null (with ``tests``: a pipe, read to EOF and
+      replaced by /dev/null before the program); cwd the scratch directory; stdout + stderr capped: more kills
+      the run, and the pipes are drained during teardown (a flood ends at once, not at the teardown timeout);
+    * a bootstrap (``sandbox_boot.py``, passed as ``-c``) sets RLIMIT_CPU, RLIMIT_AS, RLIMIT_NPROC, RLIMIT_FSIZE,
+      RLIMIT_NOFILE and RLIMIT_CORE=0, then installs a ``sys.addaudithook`` hook (which cannot be removed) before
+      the program runs. The hook refuses fork/exec/spawn/system/subprocess, signals to other processes, sockets,
+      ctypes, sub-interpreters, gc object walks, code-object construction, setrlimit, importing C modules that reach
+      the OS without audit events (``_posixsubprocess``, ``_ctypes``, ``_sqlite3``, ...), ``chdir``, links and
+      symlinks; any write, create, delete, rename, chmod, ... outside the scratch directory (paths resolved with
+      symlinks followed; a PathLike path is refused for writes since its ``__fspath__`` is program code); a ``..``
+      out of a directory below the scratch directory, or after a name in a relative path (the hook resolves ``..``
+      by name, the kernel through the directory, which a racing rename can move up mid-walk:
+      ``a/b/../../proc/self/mem`` then reads memory); opening a directory outside it (no ``dir_fd`` escapes);
+      reading ``/proc/<pid>`` of other processes, its own ``/proc/<pid>/mem`` (any task's) and memory devices;
+      adding audit hooks; replacing the code or defaults of the bootstrap's own functions; and every route to a
+      frame object: ``sys._getframe`` (a ValueError, which ``namedtuple``/``typing``/``enum``/``logging`` treat as
+      "no frame"), ``sys._current_frames``, ``sys.settrace``/``setprofile`` (so ``threading.settrace`` too), and
+      reading ``tb_frame``/``gi_frame``/``cr_frame``/``ag_frame``. ``gc.set_debug`` is a stand-in that refuses
+      (``DEBUG_SAVEALL`` puts cyclic garbage, frames included, in ``gc.garbage`` without an audit event). Signal
+      handlers receive frames and ``signal.signal`` raises no audit event, so ``_signal`` is a stand-in with the
+      same constants whose functions refuse (``import signal`` works), and ``_imp.create_builtin``, which could
+      build the real one again without an audit event, is deleted once every other builtin module is imported.
 
-Test harness (``run_python(program, tests=...)``; ``rewards.code.passes_tests`` uses it). The exit status
-proves nothing: a program can exit 0 before its tests run. So the parent makes a per-run secret
-(``secrets.token_hex(16)``) and writes ``secret + "\\n" + tests`` to the child's stdin; the bootstrap reads
-it before any program code runs (the pipe is then gone), runs the program, then the tests in a namespace
-of their own (program globals, builtins and modules copied before the program, comparisons rewritten to
-strict ones; ``sandbox_boot.py`` has the details), and only after the last test returned writes
-``"\\n<secret> PASS\\n"`` to fd 1 and ``_exit(0)``s. The run passes iff stdout ends with exactly that line
-and the exit status is 0: an early exit of any kind, a fake verdict, output after the verdict (a thread)
-all fail. The secret lives only in two frame locals of the bootstrap: no frame object, no gc walk, no
-``/proc/self/mem``, no stdin reaches it; the tests are never on disk and their code objects are reachable
-only through frames. A test that passes one of its own functions to the program hands it the tests'
-namespace (``__globals__``), so tests must not.
+Test harness (``run_python(program, tests=...)``, used by ``rewards.code.passes_tests``). The exit status proves
+nothing: a program can exit 0 before its tests run. So the parent writes a per-run secret
+(``secrets.token_hex(16)``) and the tests, ``secret + "\\n" + tests``, to the child's stdin; the bootstrap reads
+it before any program code runs (the pipe is then gone), runs the program, then the tests in a namespace of
+their own (program globals, builtins and modules copied before the program, comparisons made strict; details in
+``sandbox_boot.py``), and only after the last test returned writes ``"\\n<secret> PASS\\n"`` to fd 1 and
+``_exit(0)``s. The run passes iff stdout ends with exactly that line and the exit status is 0: an early exit of
+any kind, a fake verdict, output after the verdict (a thread) all fail. The secret lives only in two frame
+locals of the bootstrap: no frame object, no gc walk, no ``/proc/self/mem``, no stdin reaches it; the tests are
+never on disk and their code objects are reachable only through frames. A test that passes one of its own
+functions to the program hands it the tests' namespace (``__globals__``), so tests must not.
 
-The audit hook is a Python-level guard, not a boundary (PEP 578): crafted bytecode (``marshal.loads``,
-which imports need) can corrupt memory, read the secret and disable the hook, and calls without audit
-events stay open (e.g. ``os.write`` to any fd it holds). It is the whole defence only in ``"hook-only"``;
-in the namespace levels the kernel enforces the isolation rules on its own (``tests/test_sandbox.py``
-runs every attack with the hook switched off to show it), but not the harness's secrecy: that rests on
-the hook at every level.
+The audit hook is a Python-level guard, not a boundary (PEP 578): crafted bytecode (``marshal.loads``, which
+imports need) can corrupt memory, read the secret and disable the hook, and calls without audit events stay
+open (e.g. ``os.write`` to any fd it holds). It is the whole defence only in ``"hook-only"``; in the namespace
+levels the kernel enforces the isolation rules on its own (``tests/test_sandbox.py`` runs every attack with the
+hook off), but not the harness's secrecy: that rests on the hook at every level.
 """
 
 from __future__ import annotations

@@ -1,26 +1,25 @@
 """What runs inside the sandbox's Python process: rlimits, the audit hook and the test harness.
 
 :mod:`nemocascade.sandbox` starts ``python -I -S -B -c <this file's source> program cpu_s mem_bytes nproc
-fsize nofile hook harness`` in the scratch directory (``__name__ == "__main__"`` there; importing this
-module elsewhere runs nothing). :func:`_boot` sets the limits, installs the audit hook
-(:func:`_install_hook`), closes the routes to frame objects (:func:`_close_signal_handlers`,
-:func:`_close_gc_garbage`), then runs the program. The sandbox's module docstring says what the hook refuses and why.
+fsize nofile hook harness`` in the scratch directory (importing this module elsewhere runs nothing).
+:func:`_boot` sets the limits, installs the audit hook, closes the routes to frame objects, then runs the
+program. What the hook refuses and why: the sandbox's module docstring.
 
-Harness mode (``harness=1``; ``sandbox.run_python(program, tests=...)``). Before any program code runs:
+Harness mode (``harness=1``). Before any program code runs:
 
-1. the parent's payload is read from stdin to EOF: a per-run secret (hex, one line), then the trusted
-   test source. stdin is then /dev/null, so the pipe is gone; the secret stays a local of :func:`_boot`
-   and :func:`_run_with_tests`, never a global, an attribute or a default;
-2. the tests are parsed and rewritten to strict checks (:func:`_compile_tests`); the builtins are copied,
-   and so are the modules the tests import, or made afresh (:func:`_snapshot_modules`).
+1. the parent's payload is read from stdin to EOF: a per-run secret (hex, one line), then the trusted test
+   source; stdin is then /dev/null. The secret stays a local of :func:`_boot` and :func:`_run_with_tests`,
+   never a global, an attribute or a default;
+2. the tests are rewritten to strict checks (:func:`_compile_tests`); the builtins are copied, and so are the
+   modules the tests import, or made afresh (:func:`_snapshot_modules`).
 
 Then the program runs as module ``solution`` (so an ``if __name__ == "__main__":`` block does not run, as
 in HumanEval's own harness), and the tests run in a namespace of their own: the program's globals minus
 dunders and names of builtins, the pristine builtins (``abs`` strict, ``map``/``filter`` as generators so
 a StopIteration raised by the program cannot end a test's loop early), those modules, the strict
 helpers. Only after the tests returned does the harness write ``\\n<secret> PASS\\n`` to fd 1 and
-``_exit(0)``; any exception, ``SystemExit`` included, ends the run with ``_exit(1)`` and no secret. The
-parent passes the run iff stdout ends with that exact line and the exit status is 0 (``sandbox._run``).
+``_exit(0)``; any exception, ``SystemExit`` included, ends the run with ``_exit(1)`` and no secret (the
+parent's check: ``sandbox._run``).
 
 Not closed: the program can still reach classes through ``object.__subclasses__()`` and change their
 methods (``_random.Random.__subclasses__()`` includes the tests' fresh ``random.Random``), and so the

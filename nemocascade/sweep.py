@@ -3,7 +3,7 @@
     sweep = aggregate(config, variant, {seed: summary})
     sweep["stages"][i]["eval"][domain] = {"mean", "ci95", "n_seeds", "per_seed"}   (ci95: Student t across seeds)
     sweep["stages"][i]["avg@k"][domain] = the same for avg@k               (when the runs measured it)
-    sweep["paired"] = [{"from", "to", "domain", "mean_gain", "ci95", "per_seed"}]  (each stage minus its start)
+    sweep["paired"] = [{"from", "to", "domain", "mean_gain", "ci95", "n_seeds", "per_seed"}]  (stage minus its start)
     sweep["paired_avg@k"] = the same for avg@k, where a stage and its start both measured it
 
 The runs themselves are `experiments/run.py` processes (`experiments/sweep.py` starts them); this module only

@@ -1,11 +1,10 @@
 """TensorBoard event files of scalars, written with the standard library only (no TensorFlow, torch or
-tensorboardX: tensorboardX imports torch whenever it is installed, 1-17 s on the training path).
+tensorboardX: tensorboardX imports torch whenever it is installed, seconds on the training path).
 
 An event file is TFRecord framing around serialised `tensorflow.Event` protos: each record is its length (uint64
 little-endian), the masked CRC-32C of those 8 bytes, the data, the masked CRC-32C of the data. We write four
 Event fields by hand (wall_time 1, step 2, file_version 3, summary 5 of one simple_value, session_log 7 with START,
-which makes TensorBoard drop the steps >= it that earlier files logged: a resumed stage's purge). `tensorboard
---logdir` reads them; tests/test_run_log.py reads them back with tensorboard's own loader.
+which makes TensorBoard drop the steps >= it that earlier files logged: a resumed stage's purge).
 """
 from __future__ import annotations
 

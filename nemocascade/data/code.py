@@ -18,8 +18,8 @@ count) and its plan says what the slipped code does, so reasoning and response a
 (as the forgotten carry of ``data/math.py``). Above 0.5 the slip is the mode: greedy imitation fails,
 while the correct program is still sampled often enough for the verifiable reward to reinforce it.
 
-Held-out split: by the canonical task ``"family:k"`` (e.g. ``"max:7"``); 10,000 tasks in all, 1000 a family
-(k up to 1000), so the test split holds ~1000 and an evaluation of 500 items scores 500 distinct programs.
+Held-out split: by the canonical task ``"family:k"`` (e.g. ``"max:7"``); 1000 tasks a family, so the test split
+holds ~1000 and an evaluation of 500 items scores 500 distinct programs.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def _long_strs(k: int) -> tuple:
     return ("abcdefghij" * (k // 10 + 1), "hi", "", "hello world" * (k // 11 + 1))
 
 
-K = tuple(range(1, 1001))  # 1000 tasks a family: ~100 of each in the test split, so 500 test items are distinct
+K = tuple(range(1, 1001))  # 1000 tasks a family (module docstring, held-out split)
 
 FAMILIES: dict[str, Family] = {
     "add": Family("x", "x plus {k}", "Add {k} to x.", "x + {k}",
@@ -181,7 +181,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
     records, order = [], {}  # family -> its tasks not drawn yet in this pass, in a random order
     for i in range(n):
         family = names[int(rng.choice(len(names), p=probs))]
-        if not order.get(family):  # without replacement: a task repeats only once its family's pool is used up
+        if not order.get(family):  # this pass is used up: a new random order of the family's pool
             order[family] = [pools[family][j] for j in rng.permutation(len(pools[family]))]
         task = order[family].pop()
         slip = bool(rng.random() < teacher_error_rate)
@@ -197,6 +197,6 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
 
 
 register(Domain(
-    # 2: k up to 1000 (118 tasks before: the test split held 13), inputs that follow k, draws without replacement
+    # 2: k up to 1000, inputs that follow k, draws without replacement
     name=DOMAIN, generate=generate, verifier=code_reward.score, version="2",
     description="procedural one-line Python functions with an imperfect (one-slip) teacher"))

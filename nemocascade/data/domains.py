@@ -69,11 +69,8 @@ DOMAINS: dict[str, Domain] = {}
 
 
 def register(domain: Domain, *, overwrite: bool = False) -> Domain:
-    """Adds ``domain`` to :data:`DOMAINS` under its name and returns it.
-
-    Raises ``ValueError`` if the name is taken (pass ``overwrite=True`` to replace it, e.g. in
-    a notebook that re-runs a cell).
-    """
+    """Adds ``domain`` to :data:`DOMAINS` under its name and returns it; ``ValueError`` if the name is taken
+    and not ``overwrite`` (e.g. a notebook re-running a cell)."""
     if not isinstance(domain, Domain):
         raise TypeError(f"domains.register expects a Domain, got {type(domain).__name__}")
     if domain.name in DOMAINS and not overwrite:
@@ -107,8 +104,7 @@ def split_of(key: str, test_every: int = 10) -> str:
     ``"val"`` iff h = 1, else ``"train"``.
 
     A cryptographic hash (not Python's salted ``hash``) so the assignment is the same in every
-    process and on every machine. About ``1/test_every`` of all problems are held out for test and
-    as many for validation; the test split is the one it was before validation existed.
+    process and on every machine. About ``1/test_every`` of all problems go to test, as many to val.
     """
     if test_every < 3:
         raise ValueError(f"test_every must be >= 3, got {test_every}")
@@ -120,9 +116,8 @@ def problem_key(record: dict) -> str:
     """The record's canonical problem key, the part of its ``id`` after ``domain/split/index/`` (what
     :func:`split_of` hashed); the prompt for an id without one (a real dataset's ``name/task_id``).
 
-    Two records with one key are one problem in two surface wordings (another name or item, another option
-    order, another list of tools beside the right one): evaluation counts them once (``RunContext.eval_records``),
-    since a repeat is not an independent item and counting it would shrink every interval."""
+    Two records with one key are one problem in two surface wordings: evaluation counts them once, since a
+    repeat is not an independent item and counting it would shrink every interval."""
     parts = record["id"].split("/", 3)
     return parts[3] if len(parts) == 4 else record["prompt"]
 

@@ -11,7 +11,7 @@ in site-packages), so nothing is downloaded. Each problem becomes one record tha
 
 ``answer["prompt"]`` goes in front of the extracted code when grading (HumanEval's own rule: program =
 prompt + completion), so a reply with just the body and one with the whole function both work.
-Evaluation only: a ~1M-parameter model scores ~0 here, as expected.
+Evaluation only.
 """
 
 from __future__ import annotations

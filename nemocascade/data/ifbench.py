@@ -16,11 +16,9 @@ instruction is *supported* when one of our families in ``rewards/instruct.py`` i
     words:prime_lengths      {}                       -> prime_word_lengths
     format:no_whitespace     {}                       -> no_whitespace
 
-``tests/test_instruct.py`` checks that our checker and IFBench's own agree on hand-made responses for
-each mapped type, and on the 70 mapped instructions of the sample responses IFBench ships. The 9 mapped
-types cover 70 of the 335 instructions and 52 of the 294 prompts fully (:func:`coverage`); the other 48
-types (syllable parity, emoji per sentence, CSV layouts, POS-tag rules, ...) have no rule-identical family.
-Tiny models score ~0 on these prompts; they are an evaluation set, not training data.
+``tests/test_instruct.py`` checks that our checker and IFBench's own agree on each mapped type. Only prompts
+whose every instruction maps are kept (:func:`coverage`); the other types (syllable parity, emoji per
+sentence, CSV layouts, POS-tag rules, ...) have no rule-identical family. An evaluation set, not training data.
 """
 
 from __future__ import annotations

@@ -16,15 +16,13 @@ bounds are drawn *around* the written text, so the teacher always satisfies them
 checked with the reward's own checkers before it is emitted.
 
 **Imperfect teacher.** With probability ``teacher_error_rate`` the teacher slips on exactly one
-constraint, always in the same way: it writes in normal case instead of lower/upper case, keeps its
-commas, drops the quotes / title / P.S. / opener / closer / JSON wrapper / keyword sentence, writes one
-bullet or section too many, one placeholder too few, the keyword once too often (or too rarely), the
-forbidden word, or one sentence too many (too few for a lower bound). Which constraint it slips on is
-systematic too: the first one in :data:`SLIP_ORDER` (surface format before content before length)
-whose slip breaks that constraint alone; its plan then leaves that constraint out, so reasoning and
-response agree. A problem on which no single slip works (~2.5% of them) is redrawn. Above a rate of 0.5
-the slip is the mode, so greedy imitation fails, while the rule-following text is still sampled often
-enough for the verifiable reward to reinforce it (as in ``data/math.py``).
+constraint, always in the same way (:data:`SLIP`: e.g. normal case instead of lowercase, a dropped title,
+one bullet too many, the forbidden word). Which constraint it slips on is systematic too: the first one in
+:data:`SLIP_ORDER` (surface format before content before length) whose slip breaks that constraint alone;
+its plan then leaves that constraint out, so reasoning and response agree. A problem on which no single
+slip works is redrawn. Above a rate of 0.5 the slip is the mode, so greedy imitation fails, while the
+rule-following text is still sampled often enough for the verifiable reward to reinforce it (as in
+``data/math.py``).
 
 Held-out split: by the canonical problem (topic + the *set* of constraints), not the wording.
 """
@@ -454,5 +452,5 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train", t
 
 
 register(Domain(
-    name=DOMAIN, generate=generate, verifier=instruct_reward.score, version="2",  # 2: the id carries the problem key (evaluation's unit)
+    name=DOMAIN, generate=generate, verifier=instruct_reward.score, version="2",  # 2: id carries the problem key
     description="procedural instruction following (IFEval-style constraints) with a slipping teacher"))

@@ -20,17 +20,11 @@ for ``hops=1`` it copies the code from the code line just before the right one i
 after, if the right one is the first), and for ``hops=2`` it stops one hop short and answers the code
 of the box named in the question. Its trace states the wrong fact, so trace and answer agree.
 
-**Length.** The prompt grows linearly in ``num_facts``: a line is ~14 tokens under a SentencePiece
-BPE tokenizer trained on these domains' records (``nemocascade.tokenizer``, digits split one per
-token: "The| code| of| box| |1|7| is| |4|8|2|.|\n"), ~15 once box numbers reach 3 digits (beyond ~100
-facts). Measured prompt tokens (vocab 1000, chat template included; vocab 384 is within 7%):
-
-    num_facts    8     16     64     256
-    hops=1     131    242    907   3827
-    hops=2     141    252    917   3837
-
-so a long-context stage needs ``max_prompt_len`` (and SFT ``seq_len``) of ~15 * num_facts + 30, far
-above the other domains' 64-128. Reasoning plus response stay under 45 tokens.
+**Length.** The prompt grows linearly in ``num_facts``: a line is ~14-15 tokens under the project's
+SentencePiece tokenizer (``nemocascade.tokenizer``, digits split one per token:
+"The| code| of| box| |1|7| is| |4|8|2|.|\n"), so a long-context stage needs ``max_prompt_len`` (and SFT
+``seq_len``) of ~15 * num_facts + 30, far above the other domains' 64-128. Reasoning plus response stay
+under 45 tokens.
 
 Held-out split: by the facts the answer depends on (``h1:5=301`` or ``h2:17>5=301``), so no
 (question, answer) chain is seen in training and asked at test, whatever the distractors.

@@ -244,7 +244,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         families: family name -> sampling weight (default :data:`DEFAULT_FAMILIES`); the
             order of the dict does not matter.
         instruction: appended to every prompt (after a space), e.g. the answer format a pretrained chat model
-            is asked for; "" (default) leaves prompts as they were.
+            is asked for; "" (default): none.
     """
     families = DEFAULT_FAMILIES if families is None else families
     names, weights = family_weights(families, FAMILIES, "math")

@@ -166,8 +166,8 @@ def prompt_text(stem: str, order: list[str]) -> str:
 def option_checks(order: list[str], chosen: str) -> str:
     """The trace's last steps: the options in display order, each checked against the chosen value, up to the
     first match: ``A 9 no, B 28 no, C 18 yes``. Each check is local (this option against the value the trace
-    worked out), and the letter to write is then the latest one in the trace. A small model did not learn to look
-    an option up in a list instead (``so 71 (`` -> the letter that followed 71 earlier: still at chance)."""
+    worked out), so the letter to write is the latest one in the trace: a small model does not learn to look an
+    option up in a list."""
     checks = []
     for letter, option in zip(LETTERS, order):
         checks.append(f"{letter} {option} {'yes' if option == chosen else 'no'}")
@@ -221,8 +221,6 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
 
 
 register(Domain(
-    # 3: the trace checks the options in order up to the chosen one ("A 61 no, B 71 yes; so B"). With "so B"
-    # alone (1) a small model named the right option and wrote the wrong letter (cascade_demo's SFT: 22.8%,
-    # chance), and with the options restated as "71 (B)" and "so 71 (B)" (2) it wrote "C" almost always (27.7%)
+    # 3: the trace checks the options in order up to the chosen one (option_checks)
     name=DOMAIN, generate=generate, verifier=mcq_reward.score, version="3",
     description="procedural STEM multiple choice (A-D) with a systematically slipping teacher"))

@@ -271,8 +271,8 @@ OFF_TOPIC_PARTS = ("second", "first", "one_part", "one_topic")
 def compound_off_topic(rng, part1, part2, topics) -> str:
     """An off-topic answer to a two-part request, one of ``OFF_TOPIC_PARTS`` at random: the second part or the
     first answered about a third topic, one part left out, or both sentences about the first topic. A policy
-    under RLHF makes all four mistakes (genrm, data version 1: the judge, shown only "second", let the others
-    through), so a judge learning from these pairs must see them all. ``part`` = (topic, aspect, chosen sentence)."""
+    under RLHF makes all four mistakes, and a judge shown only one lets the others through, so a judge learning
+    from these pairs must see them all. ``part`` = (topic, aspect, chosen sentence)."""
     (t1, a1, s1), (t2, a2, s2) = part1, part2
     how = OFF_TOPIC_PARTS[int(rng.integers(len(OFF_TOPIC_PARTS)))]
     if how in ("second", "first"):

@@ -5,11 +5,9 @@ the ones whose answer is one number or fraction, so ``rewards.math.score`` check
 GSM-symbolic (templated grade-school word problems, with a worked solution), basic arithmetic, chain
 sums, and a few more in :data:`SUPPORTED`. Everything is generated locally; nothing is downloaded.
 
-Record: ``prompt`` = the dataset's question, ``reasoning`` = its own worked solution when it has one
-(GSM-symbolic's ``answer_cot`` without the final ``#### N`` line), else "", ``response`` = ``"The answer
-is \\boxed{ANS}."``, ``answer`` = the dataset's answer, ``id`` = ``domain/split/i/name/question`` (its problem key is
-``name/question``). Items come from ``create_dataset(name, seed=s)[i]`` with ``s`` drawn from the caller's rng,
-so a build is deterministic given its rng.
+Record: ``reasoning`` is the dataset's own worked solution when it has one (GSM-symbolic's ``answer_cot``
+without the final ``#### N`` line), else ""; the problem key is ``name/question``. Items come from
+``create_dataset(name, seed=s)`` with ``s`` drawn from the caller's rng, so a build is deterministic given its rng.
 
 Held-out split: by a hash of the question text (``split_of(question)``), so an identical question can
 never land in both splits.
@@ -26,9 +24,8 @@ from nemocascade.rewards import math as math_reward
 
 DOMAIN = "rg_math"
 DEFAULT_DATASETS = ("gsm_symbolic", "basic_arithmetic", "chain_sum")
-# Datasets whose answers are single integers / decimals / fractions: checked to score 1.0 with their gold
-# response under rewards.math.score (tests/test_reasoning_gym.py). Others (sorting, factor lists, ...)
-# need their own verifier.
+# Datasets whose answers are single integers / decimals / fractions, so their gold responses score 1.0 under
+# rewards.math.score (tests/test_reasoning_gym.py). Others (sorting, factor lists, ...) need their own verifier.
 SUPPORTED = DEFAULT_DATASETS + ("leg_counting", "simple_equations", "gcd", "lcm", "products",
                                 "fraction_simplification", "letter_counting", "count_bits")
 # Domains (registry name -> default datasets, description): each is its own domain for the stage order, the
@@ -104,8 +101,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
             "reasoning": _solution(item),
             "response": f"The answer is \\boxed{{{answer.strip('$')}}}.",
             "answer": answer,
-            # the problem key (domains.problem_key) is "name/question", what split_of hashed: evaluation counts a
-            # question drawn twice (small spaces such as two 1-digit terms) once
+            # problem key (domains.problem_key) "name/question": a question drawn twice counts once in evaluation
             "id": f"{domain}/{split or 'all'}/{len(records)}/{name}/{question}",
         })
     return records

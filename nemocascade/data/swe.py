@@ -20,11 +20,11 @@ fix, C1) and by execution of ``tests`` (agentic stage).
 the wrong way, on the ``bound`` and ``compare`` families only (the others are always right): it
 *shifts* a short loop instead of widening it (``range(len(xs) - 1)`` -> ``range(1, len(xs))``) and
 treats a reversed comparison as a boundary error (``<`` -> ``<=`` where ``>`` is right). Its patch is
-close to the golden one (agentless similarity in (0, 1), about 0.99) and may pass the shown test, but
-the first hidden test is drawn to tell the slip from the fix, so its execution reward is 0.
+close to the golden one (agentless similarity just under 1) and may pass the shown test, but the first
+hidden test is drawn to tell the slip from the fix, so its execution reward is 0.
 
-Length: the longest of the short domains, since the response is the whole function: prompt ~43 words /
-~110 tokens, reasoning + response ~38 words / ~85 tokens (SentencePiece vocab 1000, chat template included).
+Length: the longest of the short domains, since the response is the whole function (prompt ~110 tokens,
+reasoning + response ~85).
 
 Held-out split: by the problem key bug/function/list name[/threshold][/wrong operator], which names the buggy
 function's code one to one (the tests are drawn).
@@ -139,15 +139,14 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
     """``n`` SWE repair records (domains.py record contract), deterministic given ``rng`` and the options.
 
     Args:
-        split: keep only problems with ``split_of(buggy_code, test_every) == split`` (``None``: all).
+        split: keep only problems with ``split_of(key, test_every) == split`` (problem key; ``None``: all).
         teacher_error_rate: probability of the teacher's wrong repair on ``bound``/``compare`` bugs.
         bugs: bug families to draw from, uniformly (default all four).
         wide: thresholds 1-29 (not 1-8) and list values 0-39 (not 0-9): ~2,370 distinct problems instead of
             ~690, so a split of 1/4 holds over 500.
         retry_rate: the share of records that are a second turn (`retry_prompt`): the conversation so far (the
             problem, a first repair that fails the shown test, the swe_repair environment's answer) is the prompt,
-            the right repair the target. Domain "swe_retry" is swe with retry_rate 1 (SFT data for agents; its
-            held-out items score repair after a failed first turn).
+            the right repair the target (domain "swe_retry": retry_rate 1).
     """
     check_args(split, teacher_error_rate)
     unknown = sorted(set(bugs) - set(BUGS))
@@ -171,8 +170,7 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
         fill = dict(f=name, xs=xs, k=k)
         fix, buggy = template.format(**fill, **golden), template.format(**fill, **{**golden, **bad})
         slipped_code = template.format(**fill, **{**golden, **slip}) if slip else None
-        # the problem key names the buggy code one to one (v1 split by the code but its id named only bug/function:
-        # 32 keys, so evaluation counted at most 32 distinct problems); the threshold k is in ACCUMULATE only
+        # the problem key names the buggy code one to one; the threshold k is in ACCUMULATE only
         key = (f"{bug}/{name}/{xs}" + (f"/{k}" if template is ACCUMULATE else "")
                + (f"/{next(iter(bad.values()))}" if bug == "arith" else ""))
         if split is not None and split_of(key, test_every) != split:

@@ -13,8 +13,8 @@ request that exactly one of them serves; the response is one tool call in the He
 arguments as strings (``"count": "13"``, and ``count is "13"`` in its trace) -- a type error the verifier
 (``nemocascade.rewards.tool``) scores 0. Only calls with an integer argument of 10 or more (in 4 of the 7
 tools, about a third of all requests) are affected; the others are always right. So greedy imitation fails on
-part of the problems only: when the slip quoted every integer, the SFT plateau sat at the share without integers
-(17%) at rate 0.6 and near 80% at 0.5, one mode or the other.
+part of the problems only; a slip on every integer would put nearly every request in the slip's mode or
+none, depending on the rate.
 
 Held-out split: by the request's content (tool name and arguments as sorted JSON); the choice and
 order of the other listed tools is surface wording.
@@ -31,9 +31,8 @@ from nemocascade.data.domains import Domain, check_args, register, split_of
 from nemocascade.rewards import tool as tool_reward
 
 DOMAIN = "tool"
-# Value lists large enough that every tool has about 700-1500 distinct requests, ~10% of them held out for test and
-# as many for validation: the test split holds over 500 distinct requests (v2's 7 tools held 492 requests in all,
-# so its test split had 49, worded over and over with other tool lists).
+# Value lists large enough that every tool has about 700-1500 distinct requests, so the test split (~10%) holds
+# over 500 distinct requests rather than a few worded over and over with other tool lists.
 CITIES = ("Paris", "Rome", "Oslo", "Lima", "Cairo", "Tokyo", "Berlin", "Madrid", "Dublin", "Vienna", "Prague",
           "Athens", "Lisbon", "Warsaw", "Seoul", "Delhi", "Dubai", "Sydney", "Boston", "Denver", "Austin", "Miami",
           "Chicago", "Toronto", "Quito", "Bogota", "Nairobi", "Lagos", "Accra", "Manila", "Hanoi", "Bangkok",
@@ -131,6 +130,6 @@ def generate(rng: np.random.Generator, n: int, *, split: str | None = "train",
 
 
 register(Domain(
-    # 2: only integers >= 10 are quoted; 3: ~7000 requests, not 492
+    # 2: only integers >= 10 are quoted; 3: ~7000 requests
     name=DOMAIN, generate=generate, verifier=tool_reward.score, env="tool_exec", version="3",
     description="tool calling: pick the tool and typed arguments (teacher quotes integers)"))

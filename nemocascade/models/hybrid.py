@@ -146,8 +146,8 @@ def ssd(x, dt, A, B, C, chunk: int, state=None):
     a = (A[None, None, :] * dt).reshape(b, c, chunk, h).transpose(0, 3, 1, 2)  # [b, h, c, l]
     a_cum = jnp.cumsum(a, axis=-1)
     decay = jnp.exp(_segsum(a))  # [b, h, c, l, s]
-    # in two contractions (C.B, then the decayed sum over x): one einsum of four operands let XLA build a
-    # [b, c, l, s, h, p] intermediate, 64x the [b, c, l, s, h] one at Nemotron-3-Nano's head_dim
+    # in two contractions (C.B, then the decayed sum over x): one einsum of four operands lets XLA build a
+    # [b, c, l, s, h, p] intermediate, head_dim (p) times the [b, c, l, s, h] one
     scores = jnp.einsum("bclhn,bcshn->bclsh", C, B) * decay.transpose(0, 2, 3, 4, 1)
     y_diag = jnp.einsum("bclsh,bcshp->bclhp", scores, x)
     to_end = jnp.exp(a_cum[..., -1:] - a_cum)  # [b, h, c, l]

@@ -12,11 +12,10 @@ Three fixed-shape entry points share one body (`_decoder`):
 the sampled tokens' log-probs). Parameters of all layers are stacked on a leading `layers` axis and applied
 with `lax.scan`, which keeps compile time flat in depth.
 
-Pieces: RMSNorm, rotary embeddings (HF "rotate half" convention, configurable theta), grouped-query
-attention, SwiGLU MLP or a mixture of SwiGLU experts (Qwen3-MoE: softmax top-k router, dropless grouped
-matmuls, optional shared expert, the load-balancing loss from `forward(..., with_aux=True)`), optional QK-norm
-(Qwen3), optional q/k/v bias (Qwen2), optional tied embeddings, and a `head_dim` that need not equal
-d_model / n_heads.
+Pieces (`blocks.py`): RMSNorm, rotary embeddings (HF "rotate half", configurable theta), grouped-query attention,
+an MLP or a mixture of experts (its load-balancing loss from `forward(..., with_aux=True)`), optional QK-norm
+(Qwen3), q/k/v bias (Qwen2) and tied embeddings, and a `head_dim` that need not equal d_model / n_heads. A
+`layer_pattern` selects the hybrid decoder instead (`hybrid.py`).
 
 Every parameter carries *logical* axis names (`param_axes`); `nemocascade.mesh` maps them to mesh axes.
 Masking follows left padding: `valid[b, t]` marks real tokens, padded keys are never attended to.
@@ -57,8 +56,7 @@ class ModelConfig:
     qk_norm: bool = False
     qkv_bias: bool = False
     tie_embeddings: bool = False
-    dtype: str = "float32"  # compute dtype: "float32", "bfloat16", or "auto" (bfloat16 on TPU/GPU, float32 on
-    # CPU, where XLA has no fast bfloat16 matmul); params stay in param_dtype
+    dtype: str = "float32"  # compute dtype: "float32", "bfloat16" or "auto" (`auto_dtype`); params stay in param_dtype
     param_dtype: str = "float32"
     init_std: float = 0.02
     remat: bool = False  # rematerialise each layer in the backward pass (memory for compute)
@@ -175,14 +173,6 @@ def param_shapes(cfg: ModelConfig) -> Params:
     return shapes
 
 
-
-
-
-
-
-
-
-
 def init_params(cfg: ModelConfig, rng: jax.Array) -> Params:
     """Norm weights 1, biases 0, matrices N(0, init_std); the output projections are scaled by
     1/sqrt(2 n_layers) (GPT-2) so the residual stream does not grow with depth."""
@@ -212,27 +202,7 @@ def count_params(params: Params) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------
-# Building blocks
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
+# Forward passes (the building blocks are in blocks.py)
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int) -> KVCache:
@@ -256,8 +226,6 @@ def _layer(cfg: ModelConfig, x, p, positions, mask, kv=None, start=None, tok_val
         out, stats = moe(cfg, h, p, dt, tok_valid)
         return x + out, kv, stats
     return x + mlp(cfg, h, p, "w_", dt), kv, None
-
-
 
 
 def _decoder(params: Params, cfg: ModelConfig, tokens, positions, mask, kv=None, start=0, tok_valid=None):

@@ -1,17 +1,16 @@
 """The code in a completion: the last fenced Python block, found in one pass over the lines.
 
-Shared by ``rewards/code.py`` and ``rewards/swe.py``. A regex with a lazy body and a line-anchored closer
-(``` ```(?:python3?|py)?[ \\t]*\\n(.*?)^[ \\t]*``` ```) retried from every opener took over a minute on a
-200 KB completion of openers without a closer; this scan is linear. The callers also refuse a final
-answer (the text after the reasoning, ``chat.strip_think``, itself linear) over :data:`MAX_ANSWER_CHARS`
-before extracting anything: far above any real program here, while the reasoning before it may be long
-(C2 samples up to 64K tokens).
+Shared by ``rewards/code.py`` and ``rewards/swe.py``. Not a regex: one with a lazy body and a line-anchored
+closer, retried from every opener, is quadratic (over a minute on a 200 KB completion of openers without a
+closer); this scan is linear. The callers also refuse a final answer (the text after the reasoning,
+``chat.strip_think``, itself linear) over :data:`MAX_ANSWER_CHARS` before extracting anything: far above any
+real program here, while the reasoning before it may be long (C2 samples up to 64K tokens).
 
 Rules, per line:
   * an opener ends with three backticks plus a tag ``python``/``py``/``python3`` (any case) or none, then
-    optional blanks (the backticks may follow other text on the line, as the regex allowed);
+    optional blanks (the backticks may follow other text on the line);
   * a line starting (after blanks) with three backticks and another tag (````` ```json `````) opens a block in
-    another language, skipped whole (the regex paired its closer with the next opener);
+    another language, skipped whole (so its closer does not open a Python block);
   * inside a block, the first line starting (after blanks) with three backticks closes it;
   * the body is the lines in between, each with its newline; an unclosed block does not count.
 """

@@ -18,8 +18,8 @@ checked for agreement with IFBench's own code in ``tests/test_instruct.py``. Dep
 
 Bounded (``rewards/limits.py``): a completion over ``MAX_COMPLETION_CHARS`` scores 0, and every checker
 is linear in the response. IFEval's line-start patterns ``^\\s*...`` are written ``^[^\\S\\n]*...``: the
-same lines match (a blank line before a bullet no longer starts the match, the bullet's own line does),
-without retrying a whole run of blank lines from each of its line starts (quadratic time).
+same lines match (the match starts on the bullet's own line, not on a blank line before it), without
+retrying a whole run of blank lines from each of its line starts (quadratic time).
 """
 
 from __future__ import annotations

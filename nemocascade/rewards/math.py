@@ -55,8 +55,8 @@ _MAX_EXPONENT_DIGITS = 4  # 2^{10000} is fine to compare; 2^{100000} starts cost
 # check above power by power, then run sympy to the budget; 2^{100} 3^{100} still compares.
 _MAX_BIG_EXPONENT_DIGITS = 6
 # Terms in the expansion of a power of a sum with variables: (x+y+z+1)^{60} has C(63, 3) = 39711, which sympy
-# expands until the budget runs out (and its clean-up ran the call to 1.4 s once in CI's suite). No boxed
-# answer expands to this many terms; (x+1)^{60} (61 terms) and (a+b+c)^{10} (66) still compare.
+# expands until the budget runs out (and its clean-up can run past it). No boxed answer expands to this many
+# terms; (x+1)^{60} (61 terms) and (a+b+c)^{10} (66) still compare.
 _MAX_EXPANSION_TERMS = 1_000
 
 
@@ -341,9 +341,8 @@ def _math_verify():
 
     # math_verify logs every timeout at ERROR with the whole input; in RL that is thousands of lines.
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
-    # The first parse builds the LaTeX parser and the first verify warms sympy: ~0.1 s idle, several times that on
-    # a loaded machine, where it ran past the budget and scored a right answer 0 (\sqrt{12} vs 2\sqrt{3} through
-    # a fresh pool worker, in CI's suite beside training jobs). Done here, once per process, outside the budget.
+    # The first parse builds the LaTeX parser and the first verify warms sympy: on a loaded machine that alone can
+    # outrun the budget and score a right answer 0. Done here, once per process, outside the budget.
     verify(parse("\\boxed{2\\sqrt{3}}", parsing_timeout=None), parse("\\boxed{\\sqrt{12}}", parsing_timeout=None),
            timeout_seconds=None)
     return parse, verify
@@ -357,6 +356,6 @@ def _mv_compare(pred: str, gold: str) -> bool:
 
 
 def _math_verify_equal(pred: str, gold: str) -> bool:
-    _math_verify()  # the first call imports sympy and warms its parser (~0.5 s): not part of the budget
+    _math_verify()  # the first call imports sympy and warms its parser: not part of the budget
     equal, timed_out = call_with_timeout(_FALLBACK_TIMEOUT_S, _mv_compare, pred, gold)
     return bool(equal) and not timed_out

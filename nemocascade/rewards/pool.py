@@ -17,15 +17,13 @@ one worker (SIGKILL) and starts a fresh one.
 
 Workers are started with the "spawn" context: the parent holds JAX/XLA threads and forking a
 multi-threaded process can deadlock the child. Spawn costs an interpreter start plus the import of
-``fn``'s module per worker (once, and again after each kill), and, like every spawn pool, it re-imports
-the launching script, which must therefore guard its entry point with ``if __name__ == "__main__":``.
-A worker reports ready before it gets its first call, so interpreter start-up never counts against a
-timeout; nor does loading ``fn`` on a worker's first call (importing its module: the worker notes the start
-and end of a load, which gets the boot limit, and the call's deadline starts after it; the arguments, model
-output, are plain strings that load at once).
+``fn``'s module per worker (again after each kill), and, like every spawn pool, it re-imports the
+launching script, which must therefore guard its entry point with ``if __name__ == "__main__":``.
+Neither start-up nor loading ``fn`` counts against a call's timeout: both get the boot limit, and the
+call's deadline starts after them.
 ``fn`` travels by reference: a module-level function of a module a fresh interpreter can import, or of a file
-loaded by path under a name no other interpreter knows (an experiment config file, which `configs.load` and
-ml_collections both load so): such a function travels as (file, name) and each worker runs the file once.
+loaded by path under a name no other interpreter knows (an experiment config file): such a function travels as
+(file, name) and each worker runs the file once (:func:`portable`).
 Each worker runs ``fn`` in its main thread, so verifiers may use ``signal`` timers
 (:func:`~nemocascade.rewards.limits.call_with_timeout`, which ``rewards/math.py`` uses around sympy).
 Workers are daemon processes: a verifier must not use ``multiprocessing`` itself, and one that starts
