@@ -5,6 +5,7 @@
 Prints tokens/s (after compilation; the compile time is printed separately).
 """
 import argparse
+import functools
 import os
 import sys
 import time
@@ -39,7 +40,7 @@ def main():
 
     tx, _ = optim.make_optimizer(cfg.stages[next(iter(cfg.stages))].optim, 1000)
     state = train_state.create(params, tx, jax.random.key(0))
-    step = jax.jit(lambda s, b: sft.sft_step(s, b, model_cfg=mcfg, tx=tx), donate_argnums=0)
+    step = jax.jit(train_state.make_step(functools.partial(sft.sft_loss, model_cfg=mcfg), tx), donate_argnums=0)
     rng = np.random.default_rng(0)
     batch = {"tokens": jnp.asarray(rng.integers(1, a.vocab, (a.batch, a.seq)), jnp.int32),
              "loss_mask": jnp.ones((a.batch, a.seq), jnp.float32)}

@@ -4,7 +4,7 @@
     python benchmarks/frozen_roles_memory.py --rows=32 --width=256 --remat
 
 Compiles (no run, no weights) on this machine's default backend: the reference's log-prob pass
-(`rl.update.FrozenRoles`) and the on-policy update (`rl.update.policy_update`, objective pg + kl) as two programs,
+(`rl.update.FrozenRoles`) and the on-policy update (`rl.update.policy_step`, objective pg + kl) as two programs,
 and the same two fused into one jit. Prints each program's arguments + temporaries + outputs - aliased bytes
 (its peak), MiB, and what stays resident beside it. Separate: the run's peak is the larger of the two; fused:
 the one program's.
@@ -49,7 +49,7 @@ def main():
              "truncated": spec((n // G, G), jnp.bool_)}
     objective = objectives.build(dict(terms={"pg": 1.0, "kl": 0.03}))
     roles = update.FrozenRoles(cfg, objective.needs, reference=params)
-    step = functools.partial(update.policy_update, model_cfg=cfg, tx=tx, objective=objective)
+    step = update.policy_step(tx, model_cfg=cfg, objective=objective)
     ref = roles._logp.lower(params, batch).compile()
     ref_out = jax.ShapeDtypeStruct((n, L - 1), jnp.float32)
     alone = jax.jit(step, donate_argnums=0).lower(state, batch | {"ref_logp": ref_out}).compile()

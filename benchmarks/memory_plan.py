@@ -8,7 +8,7 @@ a mesh of fake CPU devices, with the policy, the frozen reference and the MOPD t
 by the same sharding rules on the one mesh:
 
   sample   prefill + `lax.while_loop` decode with the KV cache (`sampling.sample`): the rollout batch;
-  step     the on-policy update (`rl.update.policy_update`: GRPO's objective, AdamW, micro-batches, remat);
+  step     the on-policy update (`rl.update.policy_step`: GRPO's objective, AdamW, micro-batches, remat);
   teacher  one frozen role's pass over the training batch (`rl.update.FrozenRoles`: MOPD's teacher log-probs);
   judge    with `--judge=MODEL`: a generative judge of that size resident on the same mesh, and its verdict pass
            (`rewards.judge`'s log-probability mode) over `judge_batch` judging prompts of `judge_len` tokens (C2's
@@ -146,8 +146,8 @@ def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes, judge: str =
                           + judge_b)
 
     objective = objectives.build(dict(terms={"pg": 1.0}))
-    step = jax.jit(functools.partial(update.policy_update, model_cfg=cfg, tx=tx, objective=objective,
-                                     micro_batches=shapes.micro_batches), donate_argnums=0)
+    step = jax.jit(update.policy_step(tx, model_cfg=cfg, objective=objective, micro_batches=shapes.micro_batches),
+                   donate_argnums=0)
     batch = {"tokens": batch_of(rows, (width,), jnp.int32), "valid": batch_of(rows, (width,), jnp.bool_),
              "positions": batch_of(rows, (width,), jnp.int32), "mask": batch_of(rows, (width - 1,), jnp.float32),
              "sampler_logp": batch_of(rows, (width - 1,), jnp.float32), "domain_idx": batch_of(rows, (), jnp.int32),

@@ -19,7 +19,7 @@ Our side (`--side=ours`, one process) measures:
 - GRPO and MOPD steps built from the library's own pieces, as the on-policy stage runs them: sample (P prompts x
   G, the same text prompts and tokenizer as the peer, no EOS; in `score_overlap` chunks of prompts, each scored
   while the next generates, `rollouts.pipelined`) / score (reward = (characters % 7) / 7, the peer's)
-  / frozen roles (MOPD: the teacher's pass) / train (`update.policy_update`, jitted, donated state, in
+  / frozen roles (MOPD: the teacher's pass) / train (`train_state.make_step` of `update.policy_loss`, jitted, donated state, in
   micro-batches of at most `micro_rows` rows, as the peer's train_micro_batch_size); then, apart
   (the peer's steps save nothing), one async orbax save of the state as the trainer makes it: the seconds until it
   returns and until written. XLA compilations during timed steps are counted (`nemocascade.compiles`), must be 0.
@@ -150,19 +150,22 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
     roles = update.FrozenRoles(cfg, objective.needs, teachers=(teacher,) if teacher is not None else (),
                                teacher_of_domain=[0] if teacher is not None else None)
     micro = micro_batches(P * G, args.micro_rows)
-    core = functools.partial(update.policy_update, model_cfg=cfg, tx=tx, objective=objective, micro_batches=micro)
+    loss = functools.partial(update.policy_loss, model_cfg=cfg, objective=objective, micro_batches=micro)
+    prepare = functools.partial(update.prepare, objective=objective)
     rank = getattr(args, "lora_rank", 0)
     if rank:  # as the Trainer: adapters train over the frozen params, sampling reads the merge
         alpha = lora.DEFAULTS["alpha"]
         adapters = lora.init(jax.random.key(1), params, cfg, rank, lora.DEFAULTS["targets"])
         state = train_state.create(adapters, tx, jax.random.key(0))
-        step_fn = jax.jit(common.over_adapters(core, alpha, rank), donate_argnums=0)
+        step_fn = jax.jit(train_state.make_step(lora.over_adapters(loss, alpha, rank), tx, micro_batches=micro,
+                                                prepare=prepare), donate_argnums=0)
         frozen_args = (params,)
         merge = jax.jit(functools.partial(lora.merge, alpha=alpha, rank=rank))
         policy = lambda st: merge(params, st.params)  # noqa: E731
     else:
         state = train_state.create(jax.tree.map(jnp.copy, params), tx, jax.random.key(0))
-        step_fn, frozen_args, policy = jax.jit(core, donate_argnums=0), (), lambda st: st.params
+        step_fn = jax.jit(train_state.make_step(loss, tx, micro_batches=micro, prepare=prepare), donate_argnums=0)
+        frozen_args, policy = (), lambda st: st.params
     chunks = rollouts.chunk_count(P, args.score_overlap)
     k_p = P // chunks
     times, counted, overlaps, judged = [], [], [], []

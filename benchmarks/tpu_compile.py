@@ -3,7 +3,7 @@
     pip install "jax[tpu]==0.10.2"        # the jax the project installs; no TPU needed
     JAX_PLATFORMS=cpu python benchmarks/tpu_compile.py --topology=v5e:2x2
 
-Programs: the sampler (`sampling.sample`, prefill + decode loop), the on-policy step (`rl.update.policy_update`, the
+Programs: the sampler (`sampling.sample`, prefill + decode loop), the on-policy step (`rl.update.policy_step`, the
 pg objective, AdamW) and one teacher pass (`rl.update.FrozenRoles`), on cascade_math's model in bfloat16 and its GRPO
 shapes (prompts x group, 64-token prompts, 112 new tokens), params sharded over `fsdp` on every chip. Prints per
 program the compiler's temporaries and arguments per chip, flops and `optimal_seconds`. A loop body is counted once
@@ -64,8 +64,8 @@ def main():
     sample = jax.jit(functools.partial(sampling.sample, cfg=model, max_new_tokens=MAX_NEW, eos_id=2, num_samples=G))
     out["sample"] = report(sample.trace(params, prompt_tokens=rows(P, (PROMPT_LEN,), jnp.int32),
                                         prompt_lens=rows(P, (), jnp.int32), rng=key).lower().compile())
-    step = jax.jit(functools.partial(update.policy_update, model_cfg=model, tx=tx,
-                                     objective=objectives.build(dict(terms={"pg": 1.0}))), donate_argnums=0)
+    step = jax.jit(update.policy_step(tx, model_cfg=model, objective=objectives.build(dict(terms={"pg": 1.0}))),
+                   donate_argnums=0)
     N, W = P * G, PROMPT_LEN + MAX_NEW
     batch = {"tokens": rows(N, (W,), jnp.int32), "valid": rows(N, (W,), jnp.bool_),
              "positions": rows(N, (W,), jnp.int32),

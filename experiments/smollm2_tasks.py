@@ -29,7 +29,7 @@ from nemocascade.data import pipeline  # noqa: E402
 from nemocascade.data import reasoning_gym as rgm  # noqa: E402
 from nemocascade.mesh import make_mesh, shard_batch  # noqa: E402
 from nemocascade.rewards.pool import VerifierPool  # noqa: E402
-from nemocascade.stages.sft import sft_step  # noqa: E402
+from nemocascade.stages.sft import sft_loss  # noqa: E402
 
 INSTRUCTION = "Give only the final answer, as \\boxed{N}."
 # name -> (reasoning-gym dataset, its settings): easy ends of each generator, single-number answers.
@@ -116,7 +116,7 @@ def main(_):
     o.update(lr=FLAGS.lr, schedule="cosine", warmup_steps=max(1, steps // 10), weight_decay=0.0)
     tx, _ = optim.make_optimizer(o, steps)
     state = train_state.create(params, tx, jax.random.key(FLAGS.seed))
-    step_fn = jax.jit(functools.partial(sft_step, model_cfg=model_cfg, tx=tx), donate_argnums=0)
+    step_fn = jax.jit(train_state.make_step(functools.partial(sft_loss, model_cfg=model_cfg), tx), donate_argnums=0)
     batches = iter(pipeline.sft_dataset(train, tokenizer, FLAGS.seq_len, FLAGS.batch_size, FLAGS.seed,
                                         thinking=False))
     t0 = time.perf_counter()

@@ -13,8 +13,8 @@ else everything after the input axis (wq [embed] -> [heads, head_dim], w_gate, l
 Sharding: adapters and their optimiser state are replicated on the mesh (`common.Trainer`); at rank r they hold
 r * (in + out) numbers per matrix, small next to the base. The merge runs on the base's shardings.
 
-The stage wiring (frozen base as a step argument, merged params for sampling, evaluation and the next stage) is
-`stages/common.py` (`Trainer`, `over_adapters`).
+`over_adapters` wraps a stage's loss; the rest of the wiring (merged params for sampling, evaluation and the next
+stage) is `stages/common.py`'s `Trainer`.
 """
 from __future__ import annotations
 
@@ -97,3 +97,10 @@ def merge(base, adapters, alpha: float, rank: int):
         delta = jnp.matmul(ad["a"], ad["b"], precision=jax.lax.Precision.HIGHEST).reshape(w.shape)
         return (w.astype(jnp.float32) + scale * delta).astype(w.dtype)
     return walk(base, adapters)
+
+
+def over_adapters(loss, alpha: float, rank: int):
+    """A loss over params as a loss over adapters: `loss(params, rows, shared)` becomes `(adapters, rows, shared,
+    base)`, the model applying `merge(base, adapters)`; the gradient, the optax chain and the update see only the
+    adapters. The frozen base is the step's last argument (`train_state.make_step`'s `frozen`), never donated."""
+    return lambda adapters, rows, shared, base: loss(merge(base, adapters, alpha, rank), rows, shared)

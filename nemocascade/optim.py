@@ -4,7 +4,7 @@
       -> [zero the updates of frozen parameters]
 
 The chain only updates; what a step logs about its gradient (`grad_norm` before clipping, `clipped`) the step
-computes itself (`grad_metrics`). `freeze`: regular expressions over parameter paths
+computes itself (`train_state.make_step`). `freeze`: regular expressions over parameter paths
 ("layers/0/attn/.*", "embed"); matching parameters get zero updates (their Adam moments are still kept).
 
 Besides the chain, the part says what a stage starts with and how much it forgives: `state` "reset" (a fresh
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import re
 import jax
-import jax.numpy as jnp
 import optax
 
 from nemocascade.errors import unknown_keys
@@ -76,13 +75,6 @@ def make_optimizer(o, total_steps: int) -> tuple[optax.GradientTransformation, o
     if patterns:
         parts.append(optax.masked(optax.set_to_zero(), frozen_mask(patterns)))
     return optax.chain(*parts), schedule
-
-
-def grad_metrics(grads, max_norm: float) -> dict:
-    """`grad_norm` (global, before clipping) and `clipped` (1.0 where optax.clip_by_global_norm(max_norm) scales
-    the gradient down: its rule, norm >= max_norm; 0 without clipping)."""
-    norm = optax.global_norm(grads)
-    return {"grad_norm": norm, "clipped": (norm >= max_norm).astype(jnp.float32) if max_norm else jnp.zeros([])}
 
 
 def path_name(path) -> str:

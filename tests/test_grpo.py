@@ -46,8 +46,8 @@ def _advantages(rewards, eps=1e-6):
 def _update_fn(stage, tx, cfg=CFG):
     """The jitted on-policy update the stage loop runs, for `stage`'s objective."""
     objective = objectives.build(stage.objective)
-    return jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=cfg, tx=tx, objective=objective,
-                                                     micro_batches=stage.objective.micro_batches))
+    return jax.jit(update.policy_step(tx, model_cfg=cfg, objective=objective,
+                                      micro_batches=stage.objective.micro_batches))
 
 
 def _step(stage, batch, tx=None, params=None):
@@ -202,7 +202,7 @@ def test_rollout_source_epoch_filter_drops_solved_prompts_at_epoch_end():
 
 
 def test_grpo_learns_a_verifiable_toy_reward():
-    """The real sampler + training_batch + policy_update on a toy task: reward 1 iff the first response token
+    """The real sampler + training_batch + policy step on a toy task: reward 1 iff the first response token
     is even. A random policy scores ~0.5; 15 on-policy GRPO steps must push it above 0.9."""
     from nemocascade import sampling
     from nemocascade.mesh import make_mesh
@@ -344,8 +344,7 @@ def test_no_device_to_host_transfer_between_sampling_and_the_update():
     objective = objectives.build(stage.objective)
     roles = update.FrozenRoles(cfg, objective.needs, reference=params)
     tx = optax.adam(1e-3)
-    step = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=cfg, tx=tx, objective=objective,
-                                                     overlong="filter"))
+    step = jax.jit(update.policy_step(tx, model_cfg=cfg, objective=objective, overlong="filter"))
     state = train_state.create(params, tx, jax.random.key(0))
 
     def device_part(rows, state):

@@ -97,14 +97,16 @@ def test_on_policy_step_over_adapters_is_the_chain_rule_of_the_full_step():
              "truncated": np.zeros((2, n // 2), bool), "domain_idx": np.zeros(n, np.int32)}
     stage = common.stage_config("grpo", grpo.DEFAULTS)
     tx = optax.sgd(1.0)
-    step = functools.partial(update.policy_update, model_cfg=CFG, tx=tx,
-                             objective=objectives.build(stage.objective))
-    full, m_full = jax.jit(step)(train_state.create(params, tx, jax.random.key(0)), batch)
+    objective = objectives.build(stage.objective)
+    loss = functools.partial(update.policy_loss, model_cfg=CFG, objective=objective)
+    prepare = functools.partial(update.prepare, objective=objective)
+    full, m_full = jax.jit(train_state.make_step(loss, tx, prepare=prepare))(
+        train_state.create(params, tx, jax.random.key(0)), batch)
     rank, alpha = 2, 4.0
     adapters = lora.init(jax.random.key(1), params, CFG, rank, TARGETS)
     base = jax.tree.map(np.array, params)
-    new, m_lora = jax.jit(common.over_adapters(step, alpha, rank))(train_state.create(adapters, tx, jax.random.key(0)),
-                                                                    batch, params)
+    new, m_lora = jax.jit(train_state.make_step(lora.over_adapters(loss, alpha, rank), tx, prepare=prepare))(
+        train_state.create(adapters, tx, jax.random.key(0)), batch, params)
     np.testing.assert_allclose(m_lora["loss"], m_full["loss"], rtol=1e-6)  # the merged model is the base
     for name in ("wq", "wo", "w_down"):
         g = np.asarray(params["layers"][name] - full.params["layers"][name], np.float64)

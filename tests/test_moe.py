@@ -2,6 +2,8 @@
 expert), dropless when every token picks the same experts, the load-balancing loss against transformers'
 Qwen3-MoE (padding excluded), and a training step that carries the loss. Logits parity, greedy decoding and
 import/export against transformers are in test_hf.py (family qwen3_moe); sharding in test_sharding.py."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -113,7 +115,7 @@ def test_training_step_carries_the_load_balancing_loss():
     state = train_state.create(params, tx, jax.random.key(0))
     tokens = jnp.asarray(np.random.default_rng(1).integers(1, 50, (2, 9)), jnp.int32)
     batch = {"tokens": tokens, "loss_mask": jnp.zeros((2, 9), jnp.float32)}
-    _, metrics = sft.sft_step(state, batch, model_cfg=cfg, tx=tx)
+    _, metrics = train_state.make_step(functools.partial(sft.sft_loss, model_cfg=cfg), tx)(state, batch)
     _, aux = tf.forward(params, cfg, tokens[:, :-1], with_aux=True)
     np.testing.assert_allclose(float(metrics["loss"]), 0.5 * float(aux), rtol=1e-5)
     np.testing.assert_allclose(float(metrics["router_aux"]), float(aux), rtol=1e-6)

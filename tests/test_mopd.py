@@ -47,8 +47,7 @@ def _setup(stage, seed=0):
     tx = optax.sgd(LR)
     state = train_state.create(params, tx, jax.random.key(0))
     objective = objectives.build(stage.objective)
-    update_fn = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=CFG, tx=tx, objective=objective,
-                                                          domains=((0, "math"), (1, "if"))))
+    update_fn = jax.jit(update.policy_step(tx, model_cfg=CFG, objective=objective, domains=((0, "math"), (1, "if"))))
 
     def step(state, batch, teachers):
         roles = update.FrozenRoles(CFG, objective.needs, teachers=teachers, teacher_of_domain=[0, 1],

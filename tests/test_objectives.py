@@ -103,9 +103,8 @@ def _run(spec, aggregation, micro_batches=1, tx=None, steps=1, topk=0, batch=Non
                                teacher_of_domain=[0, 1], topk=topk)
     tx = tx or optax.sgd(1.0)
     state = train_state.create(params, tx, jax.random.key(0))
-    fn = jax.jit(lambda s, b: update.policy_update(s, b, model_cfg=CFG, tx=tx, objective=objective,
-                                                   micro_batches=micro_batches,
-                                                   grad_clip=grad_clip, domains=((0, "a"), (1, "b"))))
+    fn = jax.jit(update.policy_step(tx, model_cfg=CFG, objective=objective, micro_batches=micro_batches,
+                                    grad_clip=grad_clip, domains=((0, "a"), (1, "b"))))
     batch = batch or _batch()
     batch = batch | roles(batch)
     metrics = []
@@ -154,8 +153,7 @@ def test_zero_weight_terms_are_not_in_the_compiled_step():
         objective = objectives.build(dict(terms=spec, aggregation="token_mean", **SETTINGS))
         tx = optax.sgd(1.0)
         state = train_state.create(init_params(CFG, jax.random.key(0)), tx, jax.random.key(0))
-        return len(jax.make_jaxpr(lambda s, b: update.policy_update(s, b, model_cfg=CFG, tx=tx,
-                                                                   objective=objective))(state, _batch()).eqns)
+        return len(jax.make_jaxpr(update.policy_step(tx, model_cfg=CFG, objective=objective))(state, _batch()).eqns)
     assert n_eqns({"pg": 1.0, "entropy": 0.0, "kl": 0.0}) == n_eqns({"pg": 1.0})
     assert n_eqns({"pg": 1.0, "entropy": 0.1}) > n_eqns({"pg": 1.0})
     # and a frozen role only a zero-weight term reads is never scored

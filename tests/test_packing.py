@@ -4,6 +4,7 @@ The reference for each is the unpacked computation on the same examples (padded 
 row), which the rest of the suite pins against transformers and hand-counted masks.
 """
 import collections
+import functools
 import json
 import types
 
@@ -75,7 +76,8 @@ def test_packed_sft_step_equals_unpacked_step():
     out = {}
     for name, batch in (("unpacked", unpacked), ("packed", packed)):
         state = train_state.create(params, tx, jax.random.key(0))
-        state, m = sft.sft_step(state, jax.tree.map(jnp.asarray, batch), model_cfg=CFG, tx=tx)
+        step = train_state.make_step(functools.partial(sft.sft_loss, model_cfg=CFG), tx)
+        state, m = step(state, jax.tree.map(jnp.asarray, batch))
         out[name] = (state.params, m)
     (p_u, m_u), (p_p, m_p) = out["unpacked"], out["packed"]
     assert float(m_u["tokens"]) == float(m_p["tokens"]) == sum(float(m[1:].sum()) for m in masks)

@@ -32,21 +32,21 @@ def _assert_same_tree(a, b):
 
 # ------------------------------------------------------------------------------------------ non-finite
 
-def _toy_step(state, batch):
-    """SGD with lr 0.5 on a loss whose gradient is batch["g"]; batch["loss"] is reported as the loss."""
-    grads = {"w": batch["g"]}
-    updates, opt_state = optax.sgd(0.5).update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    if "set" in batch:  # a step whose update itself is broken (finite loss and gradient, NaN params)
-        params = {"w": params["w"] * batch["set"]}
-    metrics = {"loss": batch["loss"], "grad_norm": optax.global_norm(grads)}
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+def _toy_loss(params, batch, shared):
+    """Reports batch["loss"] as the loss; its gradient is batch["g"]."""
+    linear = jnp.sum(params["w"] * batch["g"])
+    return batch["loss"] + linear - jax.lax.stop_gradient(linear), {}
+
+
+# SGD with lr 0.5, then an update of exactly 0.25 turned NaN: finite loss and gradient, non-finite new params
+_BREAKS_AT_QUARTER = optax.chain(optax.sgd(0.5), optax.stateless(
+    lambda u, p: jax.tree.map(lambda x: jnp.where(x == 0.25, jnp.nan, x), u)))
 
 
 def test_nonfinite_update_is_skipped_and_counted():
     params = {"w": jnp.array([1.0, 2.0, 3.0])}
-    state = train_state.create(params, optax.sgd(0.5), jax.random.key(0))
-    step = jax.jit(common._skip_nonfinite(_toy_step))
+    state = train_state.create(params, _BREAKS_AT_QUARTER, jax.random.key(0))
+    step = jax.jit(train_state.make_step(_toy_loss, _BREAKS_AT_QUARTER))
     g = jnp.array([1.0, -2.0, 4.0])
 
     state, m = step(state, {"g": g, "loss": jnp.float32(2.0)})  # finite: w - 0.5 g
@@ -54,7 +54,7 @@ def test_nonfinite_update_is_skipped_and_counted():
     assert float(m["skipped_nonfinite"]) == 0.0 and int(state.step) == 1
     for bad in ({"g": g, "loss": jnp.float32(np.nan)},                       # NaN loss
                 {"g": jnp.array([np.inf, 0.0, 0.0]), "loss": jnp.float32(1.0)},  # inf gradient
-                {"g": g, "loss": jnp.float32(1.0), "set": jnp.float32(np.nan)}):  # NaN params, finite loss
+                {"g": jnp.array([-0.5, 0.0, 0.0]), "loss": jnp.float32(1.0)}):  # NaN params, finite loss and grad
         state, m = step(state, bad)
         np.testing.assert_array_equal(state.params["w"], [0.5, 3.0, 1.0])  # unchanged
         assert float(m["skipped_nonfinite"]) == 1.0

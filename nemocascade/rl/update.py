@@ -2,8 +2,8 @@
 
     batch = rollouts.training_batch(...)        the kept groups' rows, gathered on the device
     frozen = FrozenRoles(...)(batch)            the reference's / teachers' log-probs, each role its own jit
-    state, metrics = policy_update(state, batch | frozen, ...)   rewards -> group advantages -> objective ->
-                                                gradients -> optax chain, one jit
+    state, metrics = step(state, batch | frozen)   rewards -> group advantages -> objective -> gradients
+                                                -> optax chain, one jit (`policy_step`)
 
 The objective (nemocascade/objectives.py) decides what the frozen roles must provide; the optax chain
 (nemocascade/optim.py) clips, applies AdamW and zeroes frozen parameters. The frozen roles run in their own jits,
@@ -17,9 +17,8 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import optax
 
-from nemocascade import losses, optim
+from nemocascade import losses, train_state
 from nemocascade.models import forward, forward_hidden, head_logprobs, lm_head
 
 TEACHER_INPUTS = frozenset({"teacher_logp", "teacher_logits"})
@@ -125,56 +124,46 @@ def advantages(rewards, truncated, mask, overlong: str):
     return losses.group_advantages(rewards).reshape(-1), mask
 
 
-def policy_update(state, batch, *, model_cfg, tx, objective, micro_batches: int = 1, domains=(),
-                  overlong: str = "none", grad_clip: float = 0.0, merged=lambda p: p):
-    """One optimiser update on `objective` (objectives.Objective).
+def prepare(batch, step, *, objective, domains=(), overlong: str = "none"):
+    """What every micro-batch reads, computed once over the whole batch (`train_state.make_step`'s `prepare`): the
+    group advantages (`advantages`, with `overlong`), the objective's normaliser, token counts overall and per
+    domain, and the term weights at `step`. batch: tokens/valid/positions [N, L]; mask, sampler_logp [N, L-1];
+    domain_idx [N]; rewards and truncated [P, G] (N = P x G, a group's rows adjacent); plus what FrozenRoles
+    added. `domains`: (run-domain index, name) pairs to log reverse KL per domain."""
+    rows = dict(batch)
+    rows["advantages"], rows["mask"] = advantages(rows.pop("rewards"), rows.pop("truncated"), rows["mask"], overlong)
+    row_tokens = jnp.sum(rows["mask"], -1)
+    weights = objective.weights(step)
+    shared = dict(normalizer=losses.loss_normalizer(rows["mask"], objective.aggregation), weights=weights,
+                  n_tok=jnp.maximum(jnp.sum(row_tokens), 1.0),
+                  domain_tokens={name: jnp.maximum(jnp.sum(jnp.where(rows["domain_idx"] == i, row_tokens, 0.0)), 1.0)
+                                 for i, name in domains})
+    return rows, shared, {f"weight/{k}": w for k, w in weights.items()}
 
-    batch: tokens/valid/positions [N, L]; mask, sampler_logp [N, L-1]; domain_idx [N]; rewards and truncated
-    [P, G] (N = P x G, a group's rows adjacent); plus what FrozenRoles added. The group advantages are computed
-    here (`advantages`, with `overlong`). `domains`: (run-domain index, name) pairs to log reverse KL
-    per domain. `micro_batches` split the rows; every reduction uses the whole batch's normaliser, so their summed
-    gradient is the full batch's. `grad_clip`:
-    the chain's clipping norm, for the `clipped` metric. `merged`: state.params -> the params the model applies
-    (LoRA's merge, stages/common.py over_adapters)."""
-    batch = dict(batch)
-    batch["advantages"], batch["mask"] = advantages(batch.pop("rewards"), batch.pop("truncated"), batch["mask"],
-                                                    overlong)
-    mask = batch["mask"]
-    normalizer = losses.loss_normalizer(mask, objective.aggregation)
-    row_tokens = jnp.sum(mask, -1)
-    n_tok = jnp.maximum(jnp.sum(row_tokens), 1.0)
-    domain_tokens = {name: jnp.maximum(jnp.sum(jnp.where(batch["domain_idx"] == i, row_tokens, 0.0)), 1.0)
-                     for i, name in domains}
-    weights = objective.weights(state.step)
 
-    def weighted_terms(params, b):
-        x = {**b, **token_outputs(merged(params), model_cfg, b, full_logits=objective.reads_logits)}
-        values, metrics = objective.term_losses(x, normalizer, n_tok)
-        metrics |= {f"term/{k}": v for k, v in values.items()} | _diagnostics(x, n_tok, domains, domain_tokens)
-        weighted = {k: weights[k] * v for k, v in values.items()}
-        loss = sum(weighted.values())
-        if "router_aux" in x:  # a mixture of experts' load-balancing loss (one per micro-batch, each the mean over
-            # its own tokens: averaged)
-            loss = loss + model_cfg.router_aux_coef * x["router_aux"] / micro_batches
-            metrics["router_aux"] = x["router_aux"] / micro_batches
-        return loss, metrics
+def policy_loss(params, rows, shared, *, model_cfg, objective, micro_batches: int = 1, domains=()):
+    """The weighted sum of `objective`'s terms (objectives.Objective) on `rows`, every reduction over the whole
+    batch's normaliser (`shared`, from `prepare`): summed over micro-batches it is the full batch's loss."""
+    x = {**rows, **token_outputs(params, model_cfg, rows, full_logits=objective.reads_logits)}
+    values, metrics = objective.term_losses(x, shared["normalizer"], shared["n_tok"])
+    metrics |= {f"term/{k}": v for k, v in values.items()} | _diagnostics(x, shared["n_tok"], domains,
+                                                                           shared["domain_tokens"])
+    loss = sum(shared["weights"][k] * v for k, v in values.items())
+    if "router_aux" in x:  # a mixture of experts' load-balancing loss, each micro-batch's the mean over its tokens
+        loss = loss + model_cfg.router_aux_coef * x["router_aux"] / micro_batches
+        metrics["router_aux"] = x["router_aux"] / micro_batches
+    return loss, metrics
 
-    def grads_of(b):
-        (loss, metrics), grads = jax.value_and_grad(weighted_terms, has_aux=True)(state.params, b)
-        return loss, metrics, grads
 
-    if micro_batches == 1:
-        loss, metrics, grads = grads_of(batch)
-    else:
-        split = jax.tree.map(lambda x: x.reshape(micro_batches, x.shape[0] // micro_batches, *x.shape[1:]), batch)
-        first = jax.tree.map(lambda x: x[0], split)
-        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grads_of, first))
-        (loss, metrics, grads), _ = jax.lax.scan(lambda c, b: (jax.tree.map(jnp.add, c, grads_of(b)), None),
-                                                 zeros, split)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    metrics |= optim.grad_metrics(grads, grad_clip) | {"loss": loss} | {f"weight/{k}": w for k, w in weights.items()}
-    return state.replace(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                         opt_state=opt_state), metrics
+def policy_step(tx, *, model_cfg, objective, micro_batches: int = 1, domains=(), overlong: str = "none",
+                grad_clip: float = 0.0):
+    """The on-policy update as one function, `step(state, batch) -> (state, metrics)` (`train_state.make_step` of
+    `policy_loss` and `prepare`); the stage loop builds the same through `common.Trainer`."""
+    return train_state.make_step(functools.partial(policy_loss, model_cfg=model_cfg, objective=objective,
+                                                   micro_batches=micro_batches, domains=domains),
+                                 tx, grad_clip=grad_clip, micro_batches=micro_batches,
+                                 prepare=functools.partial(prepare, objective=objective, domains=domains,
+                                                           overlong=overlong))
 
 
 def _diagnostics(x, n_tok, domains, domain_tokens) -> dict:

@@ -16,7 +16,6 @@ from typing import Any, Callable
 
 import grain
 import jax
-import jax.numpy as jnp
 import ml_collections
 import optax
 
@@ -170,32 +169,6 @@ def eval_settings(ctx: RunContext, domain: str | None = None) -> dict:
     return out | {k: dc[k] for k in ("max_prompt_len", "max_new_tokens") if dc is not None and dc.get(k)}
 
 
-def _skip_nonfinite(step_fn):
-    """`step_fn` whose update is discarded (params and optimiser state kept, step counter advanced) when its
-    loss, gradient norm or new params are not finite; metrics gain `skipped_nonfinite` (1.0 or 0.0). One
-    reduction over the params per step: cheap next to the step, and what guarantees no checkpoint ever holds
-    a NaN or an inf."""
-    def guarded(state, batch, *args):
-        new, metrics = step_fn(state, batch, *args)
-        finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(metrics["grad_norm"])
-        for leaf in jax.tree.leaves(new.params):
-            finite &= jnp.all(jnp.isfinite(leaf))
-        keep = lambda a, b: jax.tree.map(lambda x, y: jnp.where(finite, x, y), a, b)  # noqa: E731
-        new = new.replace(params=keep(new.params, state.params), opt_state=keep(new.opt_state, state.opt_state))
-        return new, {**metrics, "skipped_nonfinite": 1.0 - finite.astype(jnp.float32)}
-    return guarded
-
-
-def over_adapters(step_fn: Callable, alpha: float, rank: int) -> Callable:
-    """LoRA: a step over full params as a step over adapters. `step_fn(state, batch, *args, merged=f)` applies the
-    model to `f(state.params)`; here state.params are the adapters and `f` merges them into the frozen `base`
-    (lora.merge), so the loss sees the merged model while the gradient, the optax chain and the update see only
-    the adapters. The returned step is `(state, batch, base, *args)`: the base is an argument, never donated."""
-    def step(state, batch, base, *args):
-        return step_fn(state, batch, *args, merged=lambda adapters: lora.merge(base, adapters, alpha, rank))
-    return step
-
-
 def peak_rss_mb() -> float:
     """The process's resident-memory peak so far, MiB (ru_maxrss: KiB on Linux, bytes on macOS)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
@@ -210,27 +183,27 @@ class Trainer:
     """One stage's training state on the mesh, its jitted step, checkpoints and metrics.
 
     With `stage.lora.rank` > 0 the state holds LoRA adapters (replicated) and their optimiser state, not the
-    params: those stay frozen, every step receives them (`over_adapters`), checkpoints store only the adapters (a
+    params: those stay frozen, every step receives them (`lora.over_adapters`), checkpoints store only the adapters (a
     resume is handed the same start params by the driver), and `params` / `finish()` give the merged params.
 
     Use as a context manager around the step loop. SIGINT/SIGTERM (`nemocascade.interrupts`) stop the loop at
     the next step boundary, after that step's metrics row and a checkpoint are written; leaving it with any other
     exception (a second Ctrl-C, an error) saves a checkpoint of the last completed step first. Updates that are
-    not finite are skipped (`_skip_nonfinite`) and `optim.max_nonfinite_steps` of them in a row stop the run.
+    not finite are skipped (`train_state.make_step`) and `optim.max_nonfinite_steps` of them in a row stop the run.
     """
 
-    def __init__(self, ctx: RunContext, name: str, stage, params, tx, step_fn: Callable, data_iter=None,
-                 extra_state_fns: tuple[Callable, Callable] | None = None, param_shardings=None):
-        """`param_shardings`: shardings of `params` when they are not the policy's (e.g. a reward model);
-        default `ctx.param_shardings`. `step_fn(state, batch, *args, merged=...)`: see `over_adapters`; its
-        `merged` is only passed with LoRA."""
+    def __init__(self, ctx: RunContext, name: str, stage, params, tx, loss: Callable, data_iter=None,
+                 extra_state_fns: tuple[Callable, Callable] | None = None, param_shardings=None, **step_options):
+        """`loss(params, rows, shared) -> (scalar, metrics)`: the stage's, stepped by `train_state.make_step` with
+        `step_options` (prepare, micro_batches). `param_shardings`: shardings of `params` when they are not the
+        policy's (e.g. a reward model); default `ctx.param_shardings`."""
         self.ctx, self.name, self.stage, self.data_iter = ctx, name, stage, data_iter
         mesh = ctx.mesh
         rng = jax.random.fold_in(jax.random.key(ctx.cfg.seed), stage_index(ctx, name))
         shardings = ctx.param_shardings if param_shardings is None else param_shardings
         self._frozen, self._merge = (), None  # LoRA: (the base,) that every step receives; the jitted merge
         if stage.lora.rank:
-            params, shardings, step_fn = self._use_lora(params, shardings, step_fn, jax.random.split(rng)[1])
+            params, shardings, loss = self._use_lora(params, shardings, loss, jax.random.split(rng)[1])
         state_shape = jax.eval_shape(lambda p: train_state.create(p, tx, rng), params)
         self.state_shardings = train_state.shardings(state_shape, shardings, mesh)
         self.ckpt = checkpoint.StageCheckpointer(os.path.join(ctx.workdir, "checkpoints", name),
@@ -253,7 +226,8 @@ class Trainer:
                 self.state = self.state.replace(opt_state=self._carried_opt_state(state_shape))
             ctx.log.truncate_after(name, -1)
         self._data_state = self._snapshot()
-        self._step = jax.jit(_skip_nonfinite(step_fn), donate_argnums=0,
+        step = train_state.make_step(loss, tx, grad_clip=stage.optim.grad_clip, **step_options)
+        self._step = jax.jit(step, donate_argnums=0,
                              out_shardings=(self.state_shardings, replicated(mesh)))
         self._advance = jax.jit(lambda s: s.replace(step=s.step + 1), donate_argnums=0)
         self._bar = None
@@ -264,8 +238,8 @@ class Trainer:
         # Adam moments), and the process's resident peak so far (`peak_rss_mb`: a run's earlier stages count)
         self._state_mb = tree_bytes(self.state) / 2**20
 
-    def _use_lora(self, params, shardings, step_fn, rng):
-        """LoRA: keep `params` as the frozen base; -> (fresh adapters, their shardings (replicated), the step over
+    def _use_lora(self, params, shardings, loss, rng):
+        """LoRA: keep `params` as the frozen base; -> (fresh adapters, their shardings (replicated), the loss over
         adapters)."""
         lo, mesh = self.stage.lora, self.ctx.mesh
         try:
@@ -275,7 +249,7 @@ class Trainer:
             raise ValueError(f"config.stages.{self.name}.{err}") from None
         self._frozen = (params,)
         self._merge = jax.jit(functools.partial(lora.merge, alpha=lo.alpha, rank=lo.rank), out_shardings=shardings)
-        return adapters, jax.tree.map(lambda _: replicated(mesh), adapters), over_adapters(step_fn, lo.alpha, lo.rank)
+        return adapters, jax.tree.map(lambda _: replicated(mesh), adapters), lora.over_adapters(loss, lo.alpha, lo.rank)
 
     def _carried_opt_state(self, state_shape):
         """optim.state="keep": the optimiser state the start stage ended with (Adam moments and count),

@@ -8,7 +8,7 @@ Each step, strictly on-policy (METHOD.md "GRPO as used in every RL stage", "MOPD
   3. the kept groups' rows gathered on the device (rl/rollouts.py: training_batch);
   4. the frozen roles the objective reads: the reference (= the params the stage started from, no copy) and
      each prompt's teacher (`objective.teachers`: domain -> checkpoint, default `best:<domain>`);
-  5. exactly one optimiser update on `objective` (rl/update.py: policy_update, which computes the group
+  5. exactly one optimiser update on `objective` (rl/update.py: `prepare` computes the group
      advantages A_i = (r_i - mean_g r) / (std_g r + eps) from the rewards, after the overlong filter or penalty,
      when a term reads them).
 
@@ -110,11 +110,12 @@ def run(ctx: common.RunContext, name: str, stage, params, source=one_turn, recor
     epoch_filter = filters.EpochFilter(seed=ctx.cfg.seed) if stage.filters.epoch else None
     rollouts = source(ctx, stage, data_iter, epoch_len, epoch_filter)
     run_domains = list(ctx.cfg.data.domains)
-    step_fn = functools.partial(update.policy_update, model_cfg=ctx.model_cfg, tx=tx, objective=objective,
-                                micro_batches=o.micro_batches, overlong=stage.filters.overlong,
-                                grad_clip=stage.optim.grad_clip,
-                                domains=tuple((run_domains.index(d), d) for d in stage.domains))
-    trainer = common.Trainer(ctx, name, stage, params, tx, step_fn, data_iter=data_iter,
+    domains = tuple((run_domains.index(d), d) for d in stage.domains)
+    loss = functools.partial(update.policy_loss, model_cfg=ctx.model_cfg, objective=objective,
+                             micro_batches=o.micro_batches, domains=domains)
+    prepare = functools.partial(update.prepare, objective=objective, domains=domains, overlong=stage.filters.overlong)
+    trainer = common.Trainer(ctx, name, stage, params, tx, loss, data_iter=data_iter, prepare=prepare,
+                             micro_batches=o.micro_batches,
                              extra_state_fns=(rollouts.state_dict, rollouts.load_state_dict))
     with trainer:
         for step in trainer.steps():

@@ -25,9 +25,8 @@ import grain
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
-from nemocascade import checkpoint, losses, optim
+from nemocascade import checkpoint, losses
 from nemocascade.data import pipeline
 from nemocascade.models import reward_model
 from nemocascade.models.transformer import left_pad_positions
@@ -74,20 +73,13 @@ def pair_dataset(source, tokenizer, seq_len: int, batch_size: int, seed: int) ->
     return ds.batch(batch_size, drop_remainder=True).to_iter_dataset(pipeline.READ_OPTIONS)
 
 
-def rm_step(state, batch, *, model_cfg, tx, margin, grad_clip: float = 0.0):
+def rm_loss(params, batch, shared=None, *, model_cfg, margin):
+    """Bradley-Terry on the reward model's scores of the chosen and rejected sequences."""
     tokens = jnp.concatenate([batch["chosen"], batch["rejected"]])
     valid = jnp.concatenate([batch["chosen_valid"], batch["rejected_valid"]])
-    positions = left_pad_positions(valid)
-
-    def loss_fn(params):
-        r_chosen, r_rejected = jnp.split(reward_model.rm_scores(params, model_cfg, tokens, positions, valid), 2)
-        return losses.bradley_terry_loss(r_chosen, r_rejected, margin)
-
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {**metrics, "loss": loss, **optim.grad_metrics(grads, grad_clip)}
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+    r_chosen, r_rejected = jnp.split(reward_model.rm_scores(params, model_cfg, tokens, left_pad_positions(valid),
+                                                            valid), 2)
+    return losses.bradley_terry_loss(r_chosen, r_rejected, margin)
 
 
 def pairwise_accuracy(rm_params, ctx, domain: str, records, batch_size: int, seq_len: int) -> dict[str, float]:
@@ -132,9 +124,8 @@ def train_rm(ctx: common.RunContext, name: str, stage, params):
     seed = ctx.cfg.seed + common.stage_index(ctx, name)
     data_iter = iter(pair_dataset(source, ctx.tokenizer, stage.seq_len, stage.batch_size, seed))
     rm_params = reward_model.init_rm(params, ctx.model_cfg, jax.random.key(seed), stage.head_std)
-    step_fn = functools.partial(rm_step, model_cfg=ctx.model_cfg, tx=tx, margin=float(stage.margin),
-                                grad_clip=stage.optim.grad_clip)
-    trainer = common.Trainer(ctx, name, stage, rm_params, tx, step_fn, data_iter=data_iter,
+    loss = functools.partial(rm_loss, model_cfg=ctx.model_cfg, margin=float(stage.margin))
+    trainer = common.Trainer(ctx, name, stage, rm_params, tx, loss, data_iter=data_iter,
                              param_shardings=reward_model.param_shardings(ctx.model_cfg, ctx.mesh))
     scores = None
     with trainer:

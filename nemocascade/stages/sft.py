@@ -13,10 +13,8 @@ from __future__ import annotations
 import functools
 import time
 
-import jax
-import optax
 
-from nemocascade import losses, optim, train_state
+from nemocascade import losses
 from nemocascade.data import pipeline
 from nemocascade.models import forward
 from nemocascade.stages import common
@@ -58,24 +56,18 @@ def check_room(source, tokenizer, seq_len: int, thinking: bool, sample: int = 64
     return None
 
 
-def sft_step(state: train_state.TrainState, batch, *, model_cfg, tx, grad_clip: float = 0.0, merged=lambda p: p):
-    """`merged`: state.params -> the params the model applies (LoRA's merge, common.over_adapters)."""
-    def loss_fn(params):
-        tokens = batch["tokens"]
-        packed = {}
-        if "segment_ids" in batch:
-            packed = dict(positions=batch["positions"][:, :-1], segment_ids=batch["segment_ids"][:, :-1])
-        logits, aux = forward(merged(params), model_cfg, tokens[:, :-1], **packed, with_aux=True)
-        loss, metrics = losses.token_cross_entropy(logits, tokens[:, 1:], batch["loss_mask"][:, 1:])
-        if model_cfg.moe:  # a mixture of experts: plus the load-balancing loss (0 weight: logged only)
-            return loss + model_cfg.router_aux_coef * aux, metrics | {"router_aux": aux}
-        return loss, metrics
-
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params)
-    updates, opt_state = tx.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    metrics = {**metrics, "loss": loss, **optim.grad_metrics(grads, grad_clip)}
-    return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
+def sft_loss(params, batch, shared=None, *, model_cfg):
+    """Next-token cross-entropy on the response tokens (`loss_mask`), plus a mixture of experts' load-balancing
+    loss; packed rows attend within their own example."""
+    tokens = batch["tokens"]
+    packed = {}
+    if "segment_ids" in batch:
+        packed = dict(positions=batch["positions"][:, :-1], segment_ids=batch["segment_ids"][:, :-1])
+    logits, aux = forward(params, model_cfg, tokens[:, :-1], **packed, with_aux=True)
+    loss, metrics = losses.token_cross_entropy(logits, tokens[:, 1:], batch["loss_mask"][:, 1:])
+    if model_cfg.moe:  # 0 weight: logged only
+        return loss + model_cfg.router_aux_coef * aux, metrics | {"router_aux": aux}
+    return loss, metrics
 
 
 def run(run_ctx: common.RunContext, name: str, stage, params):
@@ -84,8 +76,8 @@ def run(run_ctx: common.RunContext, name: str, stage, params):
     source = common.mixture_source(run_ctx, stage.domains, "train", stage.mix)
     ds = pipeline.sft_dataset(source, run_ctx.tokenizer, stage.seq_len, stage.batch_size,
                               seed=run_ctx.cfg.seed + common.stage_index(run_ctx, name), pack=stage.pack)
-    step_fn = functools.partial(sft_step, model_cfg=run_ctx.model_cfg, tx=tx, grad_clip=stage.optim.grad_clip)
-    trainer = common.Trainer(run_ctx, name, stage, params, tx, step_fn, data_iter=iter(ds))
+    trainer = common.Trainer(run_ctx, name, stage, params, tx, functools.partial(sft_loss, model_cfg=run_ctx.model_cfg),
+                             data_iter=iter(ds))
     tokens_per_step = stage.batch_size * (stage.seq_len - 1)
 
     with trainer:
