@@ -118,7 +118,7 @@ STAGE_KEYS = {
     "reward.conciseness_bonus": "pairwise RLHF: bonus for the shorter of good answers",
     "reward.quality_gate": "pairwise RLHF: the conciseness bonus's quality gate",
     "reward.judge": "reward.source=judge: the judge, stage:NAME, best:DOMAIN, gguf, gguf:PATH or hf:PATH",
-    "reward.judge_mode": "logprob (one forward pass) or sampled (a reasoned verdict, strictly parsed)",
+    "reward.judge_mode": "logprob (one forward pass) or sample (a reasoned verdict, strictly parsed)",
     "reward.judge_max_len": "tokens the judge reads", "reward.judge_batch_size": "judged pairs per pass",
     "episodes.max_turns": "agent stage: turns per episode at most",
     "episodes.envs": "domain -> environment (default: the domain's own)",
