@@ -17,8 +17,7 @@ Our side (`--side=ours`, one process) measures:
 - the sampler (`sampling.sample`): B prompts of `prompt_len` random ids, `new` tokens each, T = 1, top-p 1, no
   EOS; one compile call then `reps` timed calls; also prompt-sharing shapes PxG (P prompts x G samples);
 - GRPO and MOPD steps built from the library's own pieces, as the on-policy stage runs them: sample (P prompts x
-  G, the same text prompts and tokenizer as the peer, no EOS; in `score_overlap` chunks of prompts, each scored
-  while the next generates, `rollouts.pipelined`) / score (reward = (characters % 7) / 7, the peer's)
+  G, the same text prompts and tokenizer as the peer, no EOS) / score (reward = (characters % 7) / 7, the peer's)
   / frozen roles (MOPD: the teacher's pass) / train (`train_state.make_step` of `update.policy_loss`, jitted, donated state, in
   micro-batches of at most `micro_rows` rows, as the peer's train_micro_batch_size); then, apart
   (the peer's steps save nothing), one async orbax save of the state as the trainer makes it: the seconds until it
@@ -166,49 +165,38 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
         state = train_state.create(jax.tree.map(jnp.copy, params), tx, jax.random.key(0))
         step_fn = jax.jit(train_state.make_step(loss, tx, micro_batches=micro, prepare=prepare), donate_argnums=0)
         frozen_args, policy = (), lambda st: st.params
-    chunks = rollouts.chunk_count(P, args.score_overlap)
-    k_p = P // chunks
-    times, counted, overlaps, judged = [], [], [], []
+    mesh = mesh_lib.make_mesh()
+    state = jax.device_put(state, mesh_lib.replicated(mesh))  # where the step's output lands: no recompile
+    times, counted, judged = [], [], []
     for k in range(1 + args.steps):
         seen = compiles.Since()
-
-        rows = []
-
-        def generate(c):  # as RolloutSource.sample: chunk c's prompts, dispatched (JAX returns at once)
-            toks, lens = _prompts(tok, P, args.prompt_len)
-            toks, lens = pipeline.bucket_left_padded(toks[c * k_p:(c + 1) * k_p], lens[c * k_p:(c + 1) * k_p],
-                                                     sampling.PROMPT_BUCKET)
-            s = sampling.sample(policy(state), cfg, jnp.asarray(toks), jnp.asarray(lens),
-                                jax.random.fold_in(jax.random.key(k), c), max_new_tokens=N, eos_id=-1,
-                                num_samples=G)
-            rows.append(rollouts.to_rows(s, width=args.prompt_len, pad_id=tok.pad_id))  # stays on the device
-            return s.tokens, s.mask, s.lengths, lens
-
-        def score(c, host):
-            tokens, mask, lengths, lens = host
-            texts = [tok.decode(r[m > 0].tolist()) for r, m in zip(tokens, mask)]
-            spans = (args.prompt_len - np.asarray(lens), args.prompt_len + lengths.reshape(k_p, G).max(1))
-            if judge is None:
-                return spans, np.asarray([(len(x) % 7) / 7 for x in texts], np.float32).reshape(k_p, G)
-            groups = [texts[i * G:(i + 1) * G] for i in range(k_p)]
-            prefs, _ = judge_lib.pairwise_preferences_batch(judge, GRPO_PROMPTS[c * k_p:(c + 1) * k_p], groups)
-            return spans, np.stack([rm_scorer.pairwise_rewards(p) for p in prefs]).astype(np.float32)
-
-        parts, pt = rollouts.pipelined(chunks, generate, score)
+        t0 = time.perf_counter()  # as RolloutSource.sample: sample, rows stay on the device, decode and score
+        toks, lens = _prompts(tok, P, args.prompt_len)
+        toks, lens = pipeline.bucket_left_padded(toks, lens, sampling.PROMPT_BUCKET)
+        s = sampling.sample(policy(state), cfg, jnp.asarray(toks), jnp.asarray(lens), jax.random.key(k),
+                            max_new_tokens=N, eos_id=-1, num_samples=G)
+        rows = [rollouts.to_rows(s, width=args.prompt_len, pad_id=tok.pad_id)]
+        tokens, mask, lengths = (np.asarray(x) for x in jax.device_get((s.tokens, s.mask, s.lengths)))
+        t1 = time.perf_counter()
+        texts = [tok.decode(r[m > 0].tolist()) for r, m in zip(tokens, mask)]
+        if judge is None:
+            rewards = np.asarray([(len(x) % 7) / 7 for x in texts], np.float32).reshape(P, G)
+        else:
+            prefs, _ = judge_lib.pairwise_preferences_batch(judge, GRPO_PROMPTS[:P],
+                                                            [texts[i * G:(i + 1) * G] for i in range(P)])
+            rewards = np.stack([rm_scorer.pairwise_rewards(p) for p in prefs]).astype(np.float32)
         t2 = time.perf_counter()
-        rewards = np.concatenate([p[1] for p in parts])
         kept = {"group_id": np.arange(P), "rewards": rewards if rl else np.full_like(rewards, np.nan),
                 "truncated": np.zeros((P, G), bool), "domain_idx": np.zeros(P, np.int32),
-                "first": np.concatenate([p[0][0] for p in parts]), "end": np.concatenate([p[0][1] for p in parts])}
-        batch = rollouts.training_batch(rows, kept, P, G, mesh_lib.make_mesh(), group_bucket=0)
+                "first": args.prompt_len - np.asarray(lens), "end": args.prompt_len + lengths.reshape(P, G).max(1)}
+        batch = rollouts.training_batch(rows, kept, P, G, mesh)
         frozen = jax.block_until_ready(roles(batch))
         t3 = time.perf_counter()
         state, metrics = step_fn(state, batch | frozen, *frozen_args)
         jax.block_until_ready(metrics)
         t4 = time.perf_counter()
-        times.append({"generate": pt["generate_s"], "score": pt["score_s"], "frozen_roles": t3 - t2, "train": t4 - t3})
+        times.append({"generate": t1 - t0, "score": t2 - t1, "frozen_roles": t3 - t2, "train": t4 - t3})
         judged.append(judge.take_stats() if judge is not None else None)
-        overlaps.append(pt["score_overlap_s"])
         counted.append(seen.take())
     # memory: what the optimiser updates and keeps, and the compiled step's scratch (XLA's own accounting)
     mem = step_fn.lower(state, batch | frozen, *frozen_args).compile().memory_analysis()
@@ -229,7 +217,6 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
             "warmup_compiles": counted[0]["compiles"], "warmup_compile_s": counted[0]["compile_s"],
             "timed_compiles": sum(c["compiles"] for c in timed_compiles),
             "phases_s": {k: statistics.median(t[k] for t in timed) for k in timed[0]},
-            "score_overlap_s": statistics.median(overlaps[1:]), "score_chunks": chunks,
             "checkpoint_s": {"returns": t1 - t0, "written": t2 - t0},
             "completion_tokens_per_step": P * G * N, "micro_batches": micro, "lora_rank": rank, **memory,
             **({"judge_s": statistics.median(j["seconds"] for j in judged[1:]),
@@ -268,7 +255,7 @@ def side_command(side: str, args, out: str) -> list[str]:
         return [sys.executable, os.path.abspath(__file__), "--side=ours", f"--steps={args.steps}",
                 f"--mopd_shapes={','.join(args.mopd_shapes)}", f"--genrm_shapes={','.join(args.genrm_shapes)}",
                 f"--share_shapes={','.join(args.share_shapes)}", f"--what={','.join(args.what)}",
-                f"--score_overlap={args.score_overlap}", f"--lora_rank={args.lora_rank}", *common]
+                f"--lora_rank={args.lora_rank}", *common]
     return [args.peer_python, os.path.join(HERE, "peer_tunix.py"), f"--grpo_steps={args.steps}",
             f"--what={','.join(w for w in args.what if w in ('sampler', 'grpo'))}", *common]
 
@@ -301,9 +288,7 @@ def table(rounds: dict) -> str:
         for shape in o[0].get(kind, {}):
             a = median_of(o, kind, shape, "step_s")
             b = median_of(p, kind, shape, "step_s") if kind == "grpo" else None
-            ph = " / ".join(f"{median_of(o, kind, shape, 'phases_s', k):.2f}" + (
-                f" ({median_of(o, kind, shape, 'score_overlap_s'):.2f} beside generation)" if k == "score" else "")
-                for k in o[0][kind][shape]["phases_s"])
+            ph = " / ".join(f"{median_of(o, kind, shape, 'phases_s', k):.2f}" for k in o[0][kind][shape]["phases_s"])
             ph += "; " + " / ".join(f"{median_of(o, kind, shape, 'checkpoint_s', k):.2f}"
                                     for k in ("returns", "written"))
             lines.append(f"| {kind} {shape} | {fmt(a, '{:.2f}')} | {fmt(b, '{:.2f}')} | "
@@ -344,8 +329,6 @@ def main():
     ap.add_argument("--genrm_shapes", default="2x4x64", help="our GRPO step scored by a GenRM judge (with "
                     "--what=...,genrm), PxGxN")
     ap.add_argument("--steps", type=int, default=2, help="timed RL steps after one warm-up step")
-    ap.add_argument("--score_overlap", type=int, default=1, help="our steps generate in this many chunks of prompts "
-                    "and score one while the next generates (the on-policy stages' score_overlap; default 1 as theirs)")
     ap.add_argument("--micro_rows", type=int, default=16, help="train in micro-batches of at most this many rows "
                     "(both sides: our micro_batches, the peer's train_micro_batch_size in prompts)")
     ap.add_argument("--lora_rank", type=int, default=0, help="our RL steps train LoRA adapters of this rank over "

@@ -96,7 +96,6 @@ STAGE_KEYS = {
     "rollout.length_curriculum": "((from_step, max_new_tokens), ...): the response limit by step (C1 math RL)",
     "rollout.temperature": "sampling temperature", "rollout.top_p": "nucleus sampling",
     "rollout.top_k": "top-k sampling (None: off)",
-    "rollout.score_overlap": "score rollouts in this many chunks while the next chunk generates (1: no overlap)",
     "objective.terms.<term>": "weight of an objective term (a float, 0 = off, or an optax schedule dict): pg, kl, "
                               "entropy, mopd, forward_kl, reverse_kl, gjsd, or one an experiment registers",
     "objective.aggregation": "token_mean (DAPO), seq_mean_token_mean or constant (Dr. GRPO)",

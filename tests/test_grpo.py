@@ -242,27 +242,6 @@ def test_column_window_keeps_every_used_column_on_the_width_ladder():
         assert column_window(first, end, 100, 16) == want
 
 
-def test_pipelined_dispatches_the_next_chunk_before_scoring_this_one():
-    from nemocascade.rl.rollouts import chunk_count, pipelined
-    assert [chunk_count(p, 2) for p in (1, 2, 3, 4, 16)] == [1, 2, 1, 2, 2]
-    assert [chunk_count(p, 4) for p in (6, 9, 12)] == [3, 3, 4]
-    events = []
-
-    def generate(c):
-        events.append(("generate", c))
-        return jnp.full((2,), c)
-
-    def score(c, host):
-        events.append(("score", c))
-        assert isinstance(host, np.ndarray) and host.tolist() == [c, c]
-        return c * 10
-
-    out, t = pipelined(3, generate, score)
-    assert out == [0, 10, 20]
-    assert events == [("generate", 0), ("generate", 1), ("score", 0), ("generate", 2), ("score", 1), ("score", 2)]
-    assert 0 <= t["score_overlap_s"] <= t["score_s"] and t["generate_s"] > 0
-
-
 class _ByteTok:
     pad_id, eos_id = 0, 1
 
@@ -275,9 +254,9 @@ class _ByteTok:
         return "".join(chr(97 + i % 26) for i in ids)
 
 
-def test_rollout_source_samples_in_chunks_as_the_sampler_does_alone():
-    """score_overlap=2: prompts 0-1 and 2-3 are sampled as two calls (keys fold_in(rng, 0) and (rng, 1)) and
-    scored by chunk; the groups are the two reference calls' samples in record order, rewards in step."""
+def test_rollout_source_samples_as_the_sampler_does_alone():
+    """The source's rows and groups are one sampler call's samples in record order at the stage's prompt width,
+    scored once, rewards in step."""
     import types
 
     import ml_collections
@@ -298,24 +277,21 @@ def test_rollout_source_samples_in_chunks_as_the_sampler_does_alone():
         cfg=ml_collections.ConfigDict(dict(seed=0, thinking=False, eval=dict(max_prompt_len=128),
                                            data=dict(domains=("math",)))),
         tokenizer=_ByteTok(), model_cfg=cfg, mesh=make_mesh(), pool=None)
-    stage = _stage(rollout=dict(group_size=3, prompts_per_step=4, score_overlap=2))
+    stage = _stage(rollout=dict(group_size=3, prompts_per_step=4))
     src = RolloutSource(ctx, stage, iter([]), epoch_len=4, scorer=scorer)
     records = [{"id": f"p{i}", "prompt": "x" * (20 * i + 1), "domain": "math", "answer": "0"} for i in range(4)]
     rng = jax.random.key(3)
     sampled, stats = src.sample(params, records, 5, rng)
     groups, tokens = sampled.groups, np.asarray(sampled.rows.tokens).reshape(4, 3, -1)
-    assert seen == [["p0", "p1"], ["p2", "p3"]]
+    assert seen == [["p0", "p1", "p2", "p3"]]
     assert tokens.shape == (4, 3, 128 + 5) and groups["rewards"].shape == (4, 3)
-    for c in range(2):
-        toks, lens = pipeline.encode_prompts(_ByteTok, [r["prompt"] for r in records[2 * c:2 * c + 2]], 128,
-                                             thinking=False, bucket=sampling.PROMPT_BUCKET)
-        s = sampling.sample(params, cfg, toks, lens, jax.random.fold_in(rng, c), max_new_tokens=5, eos_id=1,
-                            pad_id=0, num_samples=3)
-        np.testing.assert_array_equal(tokens[2 * c:2 * c + 2, :, -5:], np.asarray(s.tokens).reshape(2, 3, 5))
-        assert groups["first"][2 * c:2 * c + 2].tolist() == (128 - np.asarray(lens)).tolist()
-        np.testing.assert_array_equal(groups["rewards"][2 * c:2 * c + 2], np.asarray(s.lengths).reshape(2, 3) % 3)
-    assert set(stats) >= {"generate_s", "score_s", "score_overlap_s"}
-    assert 0 < stats["score_overlap_s"] <= stats["score_s"]
+    toks, lens = pipeline.encode_prompts(_ByteTok, [r["prompt"] for r in records], 128, thinking=False,
+                                         bucket=sampling.PROMPT_BUCKET)
+    s = sampling.sample(params, cfg, toks, lens, rng, max_new_tokens=5, eos_id=1, pad_id=0, num_samples=3)
+    np.testing.assert_array_equal(tokens[:, :, -5:], np.asarray(s.tokens).reshape(4, 3, 5))
+    assert groups["first"].tolist() == (128 - np.asarray(lens)).tolist()
+    np.testing.assert_array_equal(groups["rewards"], np.asarray(s.lengths).reshape(4, 3) % 3)
+    assert set(stats) == {"generate_s", "score_s"} and stats["generate_s"] > 0
 
 
 def test_no_device_to_host_transfer_between_sampling_and_the_update():

@@ -11,7 +11,7 @@ for the stage's scorer (stages/reward_sources.py), and only rewards come back.
 `rollouts.rows` (`Rows`, device arrays, P x G rows, a group's G rows adjacent): tokens / valid / positions [N, L]
 (prompt + response), mask / sampler_logp [N, L-1] aligned with next-token targets. `rollouts.groups` (host numpy,
 leading dim P): rewards, truncated, lengths [P, G], domain_idx [P] (index into `ctx.cfg.data.domains`) and the
-columns each group uses, first and end [P]. `stats` holds timings (generate_s, score_s, score_overlap_s).
+columns each group uses, first and end [P]. `stats` holds timings (generate_s, score_s).
 """
 from __future__ import annotations
 
@@ -37,10 +37,6 @@ DEFAULTS = dict(
     max_new_tokens=96,  # response budget; `length_curriculum` ((start_step, max_new_tokens), ...) overrides it
     length_curriculum=(),  # in sub-stages, C1 math RL style
     temperature=1.0, top_p=1.0, top_k=None,  # top_k None: no top-k cut
-    score_overlap=1,  # rollouts generate in this many chunks of prompts; the verifiers score chunk c while c+1
-    # generates (`pipelined`; the largest divisor of the prompt count at most this). 1 (no overlap) by default:
-    # smaller sampler batches cost more than cheap verifiers save (SmolLM2 GRPO 2x4x96, 2 chunks: generate 9.15 s
-    # vs 5.92 s, score 0.01 s); raise it where verifiers are slow (sandboxed code)
 )
 
 
@@ -50,8 +46,8 @@ def problems(stage) -> list[str]:
     bad = unknown_keys("rollout", r, DEFAULTS)
     if bad:
         return bad
-    bad += [f"rollout.{k}={r[k]} must be >= 1" for k in ("prompts_per_step", "group_size", "max_new_tokens",
-                                                           "score_overlap") if r[k] < 1]
+    bad += [f"rollout.{k}={r[k]} must be >= 1" for k in ("prompts_per_step", "group_size", "max_new_tokens")
+            if r[k] < 1]
     bad += [f"rollout.{k}={r[k]} must be None or >= 1" for k in ("max_prompt_len", "top_k")
             if r[k] is not None and r[k] < 1]
     curriculum = list(r.length_curriculum)
@@ -136,77 +132,30 @@ class RolloutSource:
 
     def sample(self, params, records, max_new: int, rng) -> tuple[Rollouts, dict]:
         """Sample G rollouts per record from `params` and score them -> (Rollouts, stats) as in the module
-        docstring.
-
-        The records go to the sampler in `rollout.score_overlap` equal chunks (the largest divisor of P at most
-        that): chunk c+1 is dispatched before chunk c is scored, so the verifiers run while the device generates
-        (`pipelined`). One chunk samples all P prompts with `rng` itself; chunk c of several uses fold_in(rng, c)."""
+        docstring. Every refill round is at the stage's full prompt width (left padding), so rounds concatenate;
+        the training batch cuts the all-padding columns again (column_window)."""
         ctx, ro, G = self.ctx, self.stage.rollout, self.G
-        P = len(records)
-        n = chunk_count(P, ro.score_overlap)
-        k = P // n
         max_prompt = prompt_width(self.stage, ctx)
-        rows, prompt_lens = [], []
-
-        def generate(c):
-            part = records[c * k:(c + 1) * k]
-            toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in part], max_prompt,
-                                                 thinking=ctx.cfg.thinking, bucket=sampling.PROMPT_BUCKET)
-            prompt_lens.append(lens)
-            toks, lens = shard_batch(ctx.mesh, (toks, lens))
-            samples = sampling.sample(params, ctx.model_cfg, toks, lens, rng if n == 1 else jax.random.fold_in(rng, c),
-                                      max_new_tokens=max_new, eos_id=ctx.tokenizer.eos_id,
-                                      pad_id=ctx.tokenizer.pad_id, temperature=ro.temperature,
-                                      top_p=ro.top_p, top_k=ro.top_k, num_samples=G)
-            # every chunk and refill round at the stage's full prompt width (left padding), so they concatenate;
-            # the training batch cuts the all-padding columns again (column_window)
-            rows.append(to_rows(samples, width=max_prompt, pad_id=ctx.tokenizer.pad_id))
-            # what the host needs; JAX dispatches and returns at once
-            return samples.lengths, samples.truncated, samples.tokens, samples.mask
-
-        def score_chunk(c, host):
-            lengths, truncated, *response = host
-            part, lengths = records[c * k:(c + 1) * k], lengths.reshape(-1, G)
-            texts = chat.decode_responses(ctx.tokenizer, *response, ctx.cfg.thinking)
-            return np.asarray(self.scorer(part, texts, lengths), np.float32), lengths, truncated.reshape(-1, G)
-
-        parts, timing = pipelined(n, generate, score_chunk)
-        rewards, lengths, truncated = (np.concatenate(x) for x in zip(*parts))
+        t0 = time.perf_counter()
+        toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in records], max_prompt,
+                                             thinking=ctx.cfg.thinking, bucket=sampling.PROMPT_BUCKET)
+        samples = sampling.sample(params, ctx.model_cfg, *shard_batch(ctx.mesh, (toks, lens)), rng,
+                                  max_new_tokens=max_new, eos_id=ctx.tokenizer.eos_id, pad_id=ctx.tokenizer.pad_id,
+                                  temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, num_samples=G)
+        rows = to_rows(samples, width=max_prompt, pad_id=ctx.tokenizer.pad_id)
+        lengths, truncated, tokens, mask = to_host((samples.lengths, samples.truncated, samples.tokens, samples.mask))
+        t1 = time.perf_counter()
+        lengths, truncated = lengths.reshape(-1, G), truncated.reshape(-1, G)
+        texts = chat.decode_responses(ctx.tokenizer, tokens, mask, ctx.cfg.thinking)
+        rewards = np.asarray(self.scorer(records, texts, lengths), np.float32)
+        timing = {"generate_s": t1 - t0, "score_s": time.perf_counter() - t1}
         if self.epoch_filter:
             self.epoch_filter.update([r["id"] for r in records], rewards)
         domain_index = {d: i for i, d in enumerate(ctx.cfg.data.domains)}
         groups = {"rewards": rewards, "truncated": truncated, "lengths": lengths,
                   "domain_idx": np.asarray([domain_index[r["domain"]] for r in records], np.int32),
-                  "first": max_prompt - np.concatenate(prompt_lens), "end": max_prompt + lengths.max(1)}
-        rows = rows[0] if n == 1 else jax.tree.map(lambda *xs: jnp.concatenate(xs), *rows)
+                  "first": max_prompt - lens, "end": max_prompt + lengths.max(1)}
         return Rollouts(rows, groups), timing
-
-
-def chunk_count(P: int, most: int) -> int:
-    """The largest divisor of P that is at most `most` (>= 1): equal chunks, one compiled sampler shape."""
-    return max(d for d in range(1, max(min(P, most), 1) + 1) if P % d == 0)
-
-
-def pipelined(n: int, generate, score):
-    """Generate and score `n` chunks with the host's scoring of chunk c overlapping the device's generation of
-    chunk c+1. `generate(c)` dispatches chunk c and returns its device arrays (JAX returns before they are
-    computed); `score(c, host_arrays)` runs on the host. Returns ([score(c, ...) for each c], timings):
-    generate_s (the host blocked on the device, dispatch included), score_s (host scoring), score_overlap_s (the
-    part of score_s spent while a later chunk was generating). generate_s + score_s is the wall time."""
-    out, gen_s, score_s, overlap_s = [], 0.0, 0.0, 0.0
-    t = time.perf_counter()
-    pending = generate(0)
-    for c in range(n):
-        host = to_host(pending)
-        if c + 1 < n:
-            pending = generate(c + 1)
-        t1 = time.perf_counter()
-        gen_s += t1 - t
-        out.append(score(c, host))
-        t = time.perf_counter()
-        score_s += t - t1
-        overlap_s += (t - t1) if c + 1 < n else 0.0
-    return out, {"generate_s": gen_s, "score_s": score_s, "score_overlap_s": overlap_s}
 
 
 @functools.partial(jax.jit, static_argnames=("width", "pad_id"))

@@ -105,7 +105,7 @@ class EpisodeSource(rollouts_lib.RolloutSource):
         Rows = rollouts_lib.Rows
         rows = Rows(*shard_batch(ctx.mesh, [g[k].reshape(-1, *g[k].shape[2:]) for k in Rows._fields]))
         wall = time.perf_counter() - t
-        stats = {"generate_s": wall - traj.env_s, "score_s": traj.env_s, "score_overlap_s": 0.0}
+        stats = {"generate_s": wall - traj.env_s, "score_s": traj.env_s}
         return rollouts_lib.Rollouts(rows, groups), stats | episodes.episode_metrics(traj)
 
     def take_metrics(self) -> dict:
