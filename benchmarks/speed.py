@@ -18,8 +18,8 @@ Our side (`--side=ours`, one process) measures:
   EOS; one compile call then `reps` timed calls; also prompt-sharing shapes PxG (P prompts x G samples);
 - GRPO and MOPD steps built from the library's own pieces, as the on-policy stage runs them: sample (P prompts x
   G, the same text prompts and tokenizer as the peer, no EOS) / score (reward = (characters % 7) / 7, the peer's)
-  / frozen roles (MOPD: the teacher's pass) / train (`train_state.make_step` of `update.policy_loss`, jitted, donated state, in
-  micro-batches of at most `micro_rows` rows, as the peer's train_micro_batch_size); then, apart
+  / frozen roles (MOPD: the teacher's pass) / train (`train_state.make_step` of `update.policy_loss`, jitted, donated
+  state, in micro-batches of at most `micro_rows` rows, as the peer's train_micro_batch_size); then, apart
   (the peer's steps save nothing), one async orbax save of the state as the trainer makes it: the seconds until it
   returns and until written. XLA compilations during timed steps are counted (`nemocascade.compiles`), must be 0.
   `genrm` (in --what): a GRPO step rewarded by Cascade 2's pairwise GenRM, the judge a copy of the checkpoint on

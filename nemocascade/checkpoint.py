@@ -77,6 +77,15 @@ class StageCheckpointer:
         raise BadInput(f"no readable checkpoint in {self.directory} (steps {steps} all failed to restore); "
                        "delete the directory to restart this stage from its start")
 
+    def restore_or_init(self, abstract_state, init):
+        """(state, data_state) of the newest readable step, the steps after it dropped (`drop_after`); with no
+        step, (init(), {}): the one way a stage's state comes to be."""
+        if self.latest_step() is None:
+            return init(), {}
+        step, state, data = self.restore_latest_good(abstract_state)
+        self.drop_after(step)
+        return state, data
+
     def drop_after(self, step: int) -> None:
         """Delete steps newer than `step` (the unreadable ones a resume skipped), so the next save of those
         step numbers is not refused as already present."""

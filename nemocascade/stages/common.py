@@ -209,22 +209,21 @@ class Trainer:
         self.ckpt = checkpoint.StageCheckpointer(os.path.join(ctx.workdir, "checkpoints", name),
                                                  save_interval_steps=max(int(stage.checkpoint_every), 1))
         self._extra = extra_state_fns  # (get, set) of extra host state to checkpoint (e.g. filters)
-        latest = self.ckpt.latest_step()
-        if latest is not None:
-            abstract = checkpoint.abstract_like(state_shape, self.state_shardings)
-            latest, self.state, data_state = self.ckpt.restore_latest_good(abstract)
-            self.ckpt.drop_after(latest)
-            if data_iter is not None and data_state.get("iterator") is not None:
-                data_iter.set_state(data_state["iterator"])
-            if self._extra and data_state.get("extra") is not None:
-                self._extra[1](data_state["extra"])
-            ctx.log.truncate_after(name, latest - 1)
-            print(f"[{name}] resumed from checkpoint step {latest}", file=sys.stderr)
-        else:
-            self.state = jax.jit(lambda p: train_state.create(p, tx, rng), out_shardings=self.state_shardings)(params)
+
+        def init():
+            state = jax.jit(lambda p: train_state.create(p, tx, rng), out_shardings=self.state_shardings)(params)
             if stage.optim.state == "keep" and ctx.start_stage is not None:
-                self.state = self.state.replace(opt_state=self._carried_opt_state(state_shape))
-            ctx.log.truncate_after(name, -1)
+                state = state.replace(opt_state=self._carried_opt_state(state))
+            return state
+        abstract = checkpoint.abstract_like(state_shape, self.state_shardings)
+        self.state, data_state = self.ckpt.restore_or_init(abstract, init)
+        if data_iter is not None and data_state.get("iterator") is not None:
+            data_iter.set_state(data_state["iterator"])
+        if self._extra and data_state.get("extra") is not None:
+            self._extra[1](data_state["extra"])
+        ctx.log.truncate_after(name, int(self.state.step) - 1)  # the rows of steps a resume runs again
+        if data_state:
+            print(f"[{name}] resumed from checkpoint step {int(self.state.step)}", file=sys.stderr)
         self._data_state = self._snapshot()
         step = train_state.make_step(loss, tx, grad_clip=stage.optim.grad_clip, **step_options)
         self._step = jax.jit(step, donate_argnums=0,
@@ -251,7 +250,7 @@ class Trainer:
         self._merge = jax.jit(functools.partial(lora.merge, alpha=lo.alpha, rank=lo.rank), out_shardings=shardings)
         return adapters, jax.tree.map(lambda _: replicated(mesh), adapters), lora.over_adapters(loss, lo.alpha, lo.rank)
 
-    def _carried_opt_state(self, state_shape):
+    def _carried_opt_state(self, fresh):
         """optim.state="keep": the optimiser state the start stage ended with (Adam moments and count),
         with this stage's schedule counters reset so its warm-up and decay run from its own step 0."""
         src = self.ctx.start_stage
@@ -259,7 +258,7 @@ class Trainer:
         try:
             if prev.latest_step() is None:
                 raise FileNotFoundError(f"no checkpoint in {prev.directory}")
-            old, _ = prev.restore(checkpoint.abstract_like(state_shape, self.state_shardings))
+            old, _ = prev.restore(checkpoint.abstract_like(fresh, self.state_shardings))
         except Exception as err:
             raise ValueError(f"config.stages.{self.name}.optim.state='keep': cannot take the optimiser state "
                              f"of stage {src!r} ({type(err).__name__}: {err}). Both stages need the same optimiser "
@@ -267,8 +266,7 @@ class Trainer:
         finally:
             prev.close()
         own = lambda x: isinstance(x, optax.ScaleByScheduleState)  # noqa: E731  (schedule counters restart)
-        return jax.tree.map(lambda new, o: new if own(new) else o, self.state.opt_state, old.opt_state,
-                            is_leaf=own)
+        return jax.tree.map(lambda new, o: new if own(new) else o, fresh.opt_state, old.opt_state, is_leaf=own)
 
     # -- the loop
     def steps(self):
