@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from nemocascade import cascade, config_help, configs, held_out
+from nemocascade import cascade, configs, held_out
 from nemocascade.errors import BadInput
 
 NAMES = configs.known_configs()
@@ -219,16 +219,17 @@ def test_an_agent_entry_has_every_key_and_refuses_unknown_ones():
         held_out.agent(2, 64, max_tokens=3)
 
 
-def test_every_config_key_has_a_meaning_and_the_reference_is_current():
-    missing = {}
-    for name in NAMES:
-        for variant in ("", ":tiny"):
-            for key in config_help.missing(configs.flatten(configs.load(name + variant).to_dict())):
-                missing.setdefault(key, name + variant)
-    assert not missing, f"keys with no meaning in nemocascade/config_help.py: {missing}"
+def test_every_config_key_has_a_meaning_and_the_reference_is_current(monkeypatch):
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "experiments"))
     spec = importlib.util.spec_from_file_location("config_reference", os.path.join(ROOT, "experiments",
                                                                                    "config_reference.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    missing = {}
+    for name in NAMES:
+        for variant in ("", ":tiny"):
+            for key in module.config_help.missing(configs.flatten(configs.load(name + variant).to_dict())):
+                missing.setdefault(key, name + variant)
+    assert not missing, f"keys with no meaning in experiments/config_help.py: {missing}"
     with open(module.OUT) as f:
         assert f.read() == module.reference(), "stale: python experiments/config_reference.py rewrites it"
