@@ -1,7 +1,7 @@
 """What every config key means: the text of docs/config_reference.md (`python experiments/config_reference.py`,
-beside it, writes it from the configs themselves; the library never reads this table; tests/test_configs.py fails when a key of any config has no entry here or
-the file is stale). Keys are generic: `<domain>`, `<agent>`, `<set>`, `<term>` stand for any name; stage keys are
-listed per kind with the kind's defaults."""
+beside it, writes it from the configs themselves; the library never reads this table; tests/test_configs.py fails
+when a key of any config has no entry here or the file is stale). Keys are generic: `<domain>`, `<agent>`, `<set>`,
+`<term>` stand for any name; stage keys are listed per kind with the kind's defaults."""
 from __future__ import annotations
 
 import re
