@@ -24,7 +24,8 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from nemocascade import cascade, evaluation, optim, train_state  # noqa: E402
+from nemocascade import evaluation, optim, train_state  # noqa: E402
+from nemocascade.models import pretrained  # noqa: E402
 from nemocascade.data import pipeline  # noqa: E402
 from nemocascade.data import reasoning_gym as rgm  # noqa: E402
 from nemocascade.mesh import make_mesh, shard_batch  # noqa: E402
@@ -88,8 +89,8 @@ def main(_):
     eval_at = sorted({int(s) for s in FLAGS.eval_at})
     steps = eval_at[-1]
     mesh = make_mesh(dict(data=1, fsdp=-1, tensor=1))
-    model_cfg, params, tokenizer = cascade.load_pretrained(
-        ml_collections.ConfigDict(dict(kind="gguf", path="", num_layers=0)), mesh)
+    model_cfg, params, tokenizer = pretrained.load(
+        ml_collections.ConfigDict(dict(kind="gguf", path="", num_layers=0)), mesh, param_dtype="float32")
     val = {t: records(t, "val", FLAGS.n, FLAGS.seed, distinct=True) for t in FLAGS.tasks}
     train = [r for t in FLAGS.tasks for r in records(t, "train", FLAGS.num_train, FLAGS.seed)]
     pool = VerifierPool(2, 5.0)

@@ -31,7 +31,7 @@ from nemocascade.data import tfds_builder
 from nemocascade.errors import BadInput, unknown_keys
 from nemocascade.mesh import make_mesh
 from nemocascade.models import ModelConfig, count_params, init_params, init_sharded, param_shardings
-from nemocascade.models.pretrained import load as load_pretrained
+from nemocascade.models import pretrained as pretrained_lib
 from nemocascade.rewards.pool import VerifierPool
 from nemocascade.run_log import RunLog, load_metrics
 from nemocascade.stages import common, kinds, reward_sources
@@ -178,7 +178,7 @@ def setup(cfg, workdir: str, config_name: str, variant: str | None, changes=()) 
         for d, dc in cfg.data.domains.items()})
     pretrained = None
     if cfg.get("pretrained") and cfg.pretrained.kind:
-        model_cfg, params, tokenizer = load_pretrained(cfg.pretrained, mesh)
+        model_cfg, params, tokenizer = pretrained_lib.load(cfg.pretrained, mesh, **pretrained_lib.run_numerics(cfg))
         pretrained = params
     else:
         tok_path = cfg.tokenizer.path or os.path.join(workdir, "tokenizer.model")

@@ -21,7 +21,7 @@ import ml_collections
 from nemocascade import cascade, checkpoint, evaluation, files, named_checkpoints
 from nemocascade import mesh as mesh_lib
 from nemocascade.errors import BadInput
-from nemocascade.models import ModelConfig, param_shardings
+from nemocascade.models import ModelConfig, param_shardings, pretrained
 from nemocascade.tokenizer import Tokenizer
 
 
@@ -60,7 +60,7 @@ def sentencepiece_path(cfg, workdir: str) -> str:
 def run_model(cfg, workdir: str, mesh):
     """(ModelConfig, tokenizer) of the run, as `cascade.setup` builds them."""
     if cfg.get("pretrained") and cfg.pretrained.kind:
-        model_cfg, _, tokenizer = cascade.load_pretrained(cfg.pretrained, mesh)  # the weights are dropped
+        model_cfg, _, tokenizer = pretrained.load(cfg.pretrained, mesh, **pretrained.run_numerics(cfg))  # no weights
         return model_cfg, tokenizer
     path = sentencepiece_path(cfg, workdir)
     if not files.exists(path):

@@ -171,3 +171,37 @@ def test_smollm2_as_a_logprob_judge(smol, tok):
     assert ok.all() and a[:-1] == b[:-1] and a[-1] != b[-1]
     logits = np.asarray(hf.forward(cfg, params, np.array([a[:-1]], np.int32)))[0, -1].astype(np.float64)
     assert p == pytest.approx(1 / (1 + np.exp(logits[b[-1]] - logits[a[-1]])), abs=1e-4)
+
+
+def test_a_pretrained_run_trains_float32_params_with_its_own_numerics(tok, tmp_path):
+    """A bfloat16 Hugging Face checkpoint: loaded for a run (`run_numerics`), its params are float32 and the run's
+    `config.model` remat / compute dtype apply, its architecture keys do not; loaded as it is (a frozen judge), it keeps
+    bfloat16."""
+    import jax
+    import jax.numpy as jnp
+    import ml_collections
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from nemocascade import configs
+    from nemocascade.mesh import make_mesh
+    from nemocascade.models import pretrained
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=tok.vocab_size, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=8, tie_word_embeddings=True))
+    model.to(torch.bfloat16).save_pretrained(str(tmp_path))
+    tok.to_transformers().save_pretrained(str(tmp_path))
+    spec = ml_collections.ConfigDict(dict(kind="hf", path=str(tmp_path), num_layers=0))
+    mesh = make_mesh()
+    cfg = configs.load("smollm2_cascade:tiny")
+    cfg.model = {"remat": True, "dtype": "bfloat16", "d_model": 64}
+    model_cfg, params, _ = pretrained.load(spec, mesh, **pretrained.run_numerics(cfg))
+    assert (model_cfg.remat, model_cfg.param_dtype, model_cfg.dtype, model_cfg.d_model) == (True, "float32",
+                                                                                           "bfloat16", 16)
+    assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    frozen_cfg, frozen, _ = pretrained.load(spec, mesh)
+    assert frozen_cfg.param_dtype == "bfloat16" and not frozen_cfg.remat
+    assert {x.dtype for x in jax.tree.leaves(frozen)} == {jnp.dtype(jnp.bfloat16)}
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(frozen)):  # the same weights, widened exactly
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b).astype(np.float32))
