@@ -34,6 +34,10 @@ RULES: dict[str, tuple[str, ...] | None] = {
     "layers": None,
     "norm": None,
 }
+# A dense model shards its weights over the `expert` axis too (there it is one more data-parallel axis), as ZeRO-3
+# over all data-parallel devices does. With experts the expert layers own that axis and the other weights keep to
+# fsdp: sharing it makes XLA lay the expert weights' gradients out by `embed`, the experts no longer split.
+DENSE_RULES = RULES | {"embed": ("fsdp", "expert")}
 
 
 def make_mesh(shape: Mapping[str, int] | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:

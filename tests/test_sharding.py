@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent("""
     import sys
     assert jax.device_count() == 8, jax.devices()
     kind = sys.argv[1]
-    moe, hybrid = kind in ("moe", "hybrid"), kind == "hybrid"
+    moe, hybrid, on_expert = kind in ("moe", "hybrid"), kind == "hybrid", kind != "dense"
     experts = dict(n_experts=4, n_experts_per_tok=2, d_ff_expert=16, d_ff_shared=16, norm_topk_prob=True,
                    router_aux_coef=0.01)
     if hybrid:  # Nemotron-H: Mamba-2, attention, MLP and MoE layers, a sigmoid router with expert groups
@@ -27,9 +27,9 @@ SCRIPT = textwrap.dedent("""
                         mamba_groups=2, conv_kernel=3, mamba_chunk=4)
     cfg = ModelConfig(**{**dict(vocab_size=64, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=8, d_ff=64),
                          **(experts if moe else {})})
-    axes = {"fsdp": 2, "expert": 2, "tensor": 2} if moe else {"data": 2, "fsdp": 2, "tensor": 2}
+    axes = {"fsdp": 2, "expert": 2, "tensor": 2} if on_expert else {"data": 2, "fsdp": 2, "tensor": 2}
     mesh = mesh_lib.make_mesh(axes)
-    batch_axes = ("fsdp", "expert") if moe else ("data", "fsdp")
+    batch_axes = ("fsdp", "expert") if on_expert else ("data", "fsdp")
     group = (lambda tree, name: tree["moe" if name.startswith("we_") else "attn"]) if hybrid else (
         lambda tree, name: tree["layers"])  # where a weight lives: hybrid params are grouped by layer kind
     mlp = "we_up" if moe else "w_up"
@@ -49,7 +49,9 @@ SCRIPT = textwrap.dedent("""
             assert x.sharding.is_equivalent_to(s, x.ndim), (x.sharding, s)
     specs = {str(s.spec) for s in jax.tree.leaves(shard)}
     assert any("tensor" in sp for sp in specs) and any("fsdp" in sp for sp in specs), specs
-    assert group(shard, "wq")["wq"].spec == jax.sharding.PartitionSpec(None, "fsdp", "tensor", None)
+    # a dense model on an expert axis shards over it too (one more data-parallel axis); with experts, only they do
+    assert group(shard, "wq")["wq"].spec == jax.sharding.PartitionSpec(
+        None, ("fsdp", "expert") if kind == "dense_expert" else "fsdp", "tensor", None)
 
     rng = np.random.default_rng(0)
     tokens = rng.integers(1, 64, (8, 12)).astype(np.int32)
@@ -93,9 +95,10 @@ SCRIPT = textwrap.dedent("""
 
 
 # hybrid (Mamba-2 state on the mesh) runs under -m slow: CI's default suite stays within its 20 minutes
-@pytest.mark.parametrize("kind", ["dense", "moe", pytest.param("hybrid", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("kind", ["dense", "dense_expert", "moe", pytest.param("hybrid", marks=pytest.mark.slow)])
 def test_sharded_forward_loss_grads_equal_single_device(kind):
-    """dense: a (data, fsdp, tensor) mesh; moe: a mixture of experts on (fsdp, expert, tensor), experts split
+    """dense: a (data, fsdp, tensor) mesh; dense_expert: a dense model on (fsdp, expert, tensor), its weights
+    sharded over the expert axis too; moe: a mixture of experts on (fsdp, expert, tensor), experts split
     over the expert axis, the loss with its load-balancing term; hybrid: Nemotron-H's Mamba-2 + attention + MLP +
     MoE pattern on that mesh (the sampler's cache then holds conv and SSM states)."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
