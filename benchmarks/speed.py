@@ -149,21 +149,20 @@ def bench_step(kind: str, cfg, params, tok, shape: str, args, workdir: str) -> d
     roles = update.FrozenRoles(cfg, objective.needs, teachers=(teacher,) if teacher is not None else (),
                                teacher_of_domain=[0] if teacher is not None else None)
     micro = micro_batches(P * G, args.micro_rows)
-    loss = functools.partial(update.policy_loss, model_cfg=cfg, objective=objective, micro_batches=micro)
-    prepare = functools.partial(update.prepare, objective=objective)
+    loss, options = update.policy_objective(model_cfg=cfg, objective=objective, micro_batches=micro)
     rank = getattr(args, "lora_rank", 0)
     if rank:  # as the Trainer: adapters train over the frozen params, sampling reads the merge
         alpha = lora.DEFAULTS["alpha"]
         adapters = lora.init(jax.random.key(1), params, cfg, rank, lora.DEFAULTS["targets"])
         state = train_state.create(adapters, tx, jax.random.key(0))
-        step_fn = jax.jit(train_state.make_step(lora.over_adapters(loss, alpha, rank), tx, micro_batches=micro,
-                                                prepare=prepare), donate_argnums=0)
+        step_fn = jax.jit(train_state.make_step(lora.over_adapters(loss, alpha, rank), tx, **options),
+                          donate_argnums=0)
         frozen_args = (params,)
         merge = jax.jit(functools.partial(lora.merge, alpha=alpha, rank=rank))
         policy = lambda st: merge(params, st.params)  # noqa: E731
     else:
         state = train_state.create(jax.tree.map(jnp.copy, params), tx, jax.random.key(0))
-        step_fn = jax.jit(train_state.make_step(loss, tx, micro_batches=micro, prepare=prepare), donate_argnums=0)
+        step_fn = jax.jit(train_state.make_step(loss, tx, **options), donate_argnums=0)
         frozen_args, policy = (), lambda st: st.params
     mesh = mesh_lib.make_mesh()
     state = jax.device_put(state, mesh_lib.replicated(mesh))  # where the step's output lands: no recompile

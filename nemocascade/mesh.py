@@ -40,6 +40,11 @@ RULES: dict[str, tuple[str, ...] | None] = {
 DENSE_RULES = RULES | {"embed": ("fsdp", "expert")}
 
 
+def param_rules(moe: bool) -> dict:
+    """The rules a model's params (and so its optimiser state) shard by: RULES with experts, else DENSE_RULES."""
+    return RULES if moe else DENSE_RULES
+
+
 def make_mesh(shape: Mapping[str, int] | None = None, devices: Sequence[jax.Device] | None = None) -> Mesh:
     """Mesh over all (global, multi-host included) devices. `shape` maps mesh axes to sizes; one size
     may be -1 to take the remaining devices (default: everything on `fsdp`)."""

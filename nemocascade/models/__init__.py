@@ -9,8 +9,7 @@ from nemocascade.models.transformer import (KVCache, ModelConfig, count_params, 
 
 def param_shardings(cfg: ModelConfig, mesh):
     """NamedShardings of every parameter on `mesh` (the same for policy, reference and teachers)."""
-    return mesh_lib.tree_shardings(mesh, param_axes(cfg), param_shapes(cfg),
-                                   mesh_lib.RULES if cfg.moe else mesh_lib.DENSE_RULES)
+    return mesh_lib.tree_shardings(mesh, param_axes(cfg), param_shapes(cfg), mesh_lib.param_rules(cfg.moe))
 
 
 def init_sharded(cfg: ModelConfig, mesh, rng):

@@ -35,7 +35,7 @@ def load(p, mesh, **numerics):
         model_cfg, params = gguf.load_gguf(path, mesh)
         tokenizer = gguf.load_gguf_tokenizer(path)
     elif p.kind == "hf":
-        model_cfg, params = hf.load(p.path, mesh)
+        model_cfg, params = hf.load(p.path, mesh, param_dtype=numerics.get("param_dtype"))  # read in that dtype
         tokenizer = HFTokenizer.from_dir(p.path)
     else:
         raise ValueError(f"config.pretrained.kind={p.kind!r}; choose 'gguf', 'hf' or '' (train from scratch)")
@@ -46,7 +46,7 @@ def load(p, mesh, **numerics):
         params = {**params, "layers": jax.tree.map(lambda x: x[:p.num_layers], params["layers"])}
         params = jax.device_put(params, param_shardings(model_cfg, mesh))
     model_cfg = dataclasses.replace(model_cfg, **numerics)
-    if any(x.dtype != model_cfg.param_dtype for x in jax.tree.leaves(params)):  # in place: donated
+    if any(x.dtype != model_cfg.param_dtype for x in jax.tree.leaves(params)):  # GGUF (float32) asked for another
         params = jax.jit(lambda ps: jax.tree.map(lambda x: x.astype(model_cfg.param_dtype), ps), donate_argnums=0,
                          out_shardings=param_shardings(model_cfg, mesh))(params)
     return model_cfg, params, tokenizer

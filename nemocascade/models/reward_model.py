@@ -32,8 +32,7 @@ def param_shapes(cfg: transformer.ModelConfig) -> transformer.Params:
 
 def param_shardings(cfg: transformer.ModelConfig, mesh):
     """NamedShardings of every RM parameter on `mesh` (the policy's rules; the head replicated)."""
-    return mesh_lib.tree_shardings(mesh, param_axes(cfg), param_shapes(cfg),
-                                   mesh_lib.RULES if cfg.moe else mesh_lib.DENSE_RULES)
+    return mesh_lib.tree_shardings(mesh, param_axes(cfg), param_shapes(cfg), mesh_lib.param_rules(cfg.moe))
 
 
 def abstract_params(cfg: transformer.ModelConfig, mesh):

@@ -155,15 +155,20 @@ def policy_loss(params, rows, shared, *, model_cfg, objective, micro_batches: in
     return loss, metrics
 
 
-def policy_step(tx, *, model_cfg, objective, micro_batches: int = 1, domains=(), overlong: str = "none",
-                grad_clip: float = 0.0):
-    """The on-policy update as one function, `step(state, batch) -> (state, metrics)` (`train_state.make_step` of
-    `policy_loss` and `prepare`); the stage loop builds the same through `common.Trainer`."""
-    return train_state.make_step(functools.partial(policy_loss, model_cfg=model_cfg, objective=objective,
-                                                   micro_batches=micro_batches, domains=domains),
-                                 tx, grad_clip=grad_clip, micro_batches=micro_batches,
-                                 prepare=functools.partial(prepare, objective=objective, domains=domains,
-                                                           overlong=overlong))
+def policy_objective(*, model_cfg, objective, micro_batches: int = 1, domains=(), overlong: str = "none"):
+    """(loss, step options): `policy_loss` and what `train_state.make_step` steps it with (`prepare`,
+    `micro_batches`); the stage loop hands both to `common.Trainer`."""
+    loss = functools.partial(policy_loss, model_cfg=model_cfg, objective=objective, micro_batches=micro_batches,
+                             domains=domains)
+    return loss, dict(prepare=functools.partial(prepare, objective=objective, domains=domains, overlong=overlong),
+                      micro_batches=micro_batches)
+
+
+def policy_step(tx, *, grad_clip: float = 0.0, **kw):
+    """The on-policy update as one function, `step(state, batch) -> (state, metrics)`: `train_state.make_step` of
+    `policy_objective(**kw)`, as the stage loop builds it."""
+    loss, options = policy_objective(**kw)
+    return train_state.make_step(loss, tx, grad_clip=grad_clip, **options)
 
 
 def _diagnostics(x, n_tok, domains, domain_tokens) -> dict:

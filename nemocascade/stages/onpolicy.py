@@ -23,7 +23,6 @@ asynchronous rollouts.
 """
 from __future__ import annotations
 
-import functools
 import time
 from collections import defaultdict
 
@@ -110,13 +109,11 @@ def run(ctx: common.RunContext, name: str, stage, params, source=one_turn, recor
     epoch_filter = filters.EpochFilter(seed=ctx.cfg.seed) if stage.filters.epoch else None
     rollouts = source(ctx, stage, data_iter, epoch_len, epoch_filter)
     run_domains = list(ctx.cfg.data.domains)
-    domains = tuple((run_domains.index(d), d) for d in stage.domains)
-    loss = functools.partial(update.policy_loss, model_cfg=ctx.model_cfg, objective=objective,
-                             micro_batches=o.micro_batches, domains=domains)
-    prepare = functools.partial(update.prepare, objective=objective, domains=domains, overlong=stage.filters.overlong)
-    trainer = common.Trainer(ctx, name, stage, params, tx, loss, data_iter=data_iter, prepare=prepare,
-                             micro_batches=o.micro_batches,
-                             extra_state_fns=(rollouts.state_dict, rollouts.load_state_dict))
+    loss, step_options = update.policy_objective(
+        model_cfg=ctx.model_cfg, objective=objective, micro_batches=o.micro_batches, overlong=stage.filters.overlong,
+        domains=tuple((run_domains.index(d), d) for d in stage.domains))
+    trainer = common.Trainer(ctx, name, stage, params, tx, loss, data_iter=data_iter,
+                             extra_state_fns=(rollouts.state_dict, rollouts.load_state_dict), **step_options)
     with trainer:
         for step in trainer.steps():
             max_new = rollouts_lib.max_new_tokens_at(stage.rollout, step)
