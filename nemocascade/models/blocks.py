@@ -4,6 +4,7 @@ layer with its router and load-balancing statistics. `transformer.py` (attention
 `hybrid.py` (one mixer per layer) compose them."""
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -72,6 +73,108 @@ def attention(q, k, v, mask):
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
     return out.reshape(B, T, H, Dh)
+
+
+class SelfMask(NamedTuple):
+    """The mask of a pass over its own tokens (training, scoring) by its parts, in place of a dense [B, T, T] one:
+    key s is visible to query t when s <= t and both lie in the same segment > 0 (`blockwise_attention`)."""
+    segment_ids: jax.Array  # [B, T] int32: 0 on padding; all real tokens 1 in an unpacked row
+    block: int  # static: query and key block length
+
+
+def _blocked(q, k, v, segment_ids, block):
+    """q [B, T, H, Dh] -> [B, n, block, K, G, Dh]; k, v -> [B, n, block, K, Dh]; segment_ids -> [B, n, block] (T
+    padded to n blocks with segment 0); and `scores(i, j)`: query block i against key block j, float32
+    [B, block, K, G, block], the keys a query may not see at _NEG_INF, with their mask."""
+    B, T, H, Dh = q.shape
+    K = k.shape[2]
+    n = -(-T // block)
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, n * block - T)) + ((0, 0),) * (x.ndim - 2))  # noqa: E731
+    q = pad(q).reshape(B, n, block, K, H // K, Dh)
+    k, v = pad(k).reshape(B, n, block, K, Dh), pad(v).reshape(B, n, block, K, Dh)
+    seg = pad(segment_ids).reshape(B, n, block)
+    causal = jnp.arange(block)[:, None] >= jnp.arange(block)[None, :]
+
+    def scores(i, j):
+        si, sj = seg[:, i], seg[:, j]
+        ok = (si[:, :, None] == sj[:, None, :]) & (sj > 0)[:, None, :] & ((i > j) | causal)
+        ok = ok[:, :, None, None, :]  # [B, block_q, 1, 1, block_k]
+        s = jnp.einsum("bqkgd,bckd->bqkgc", q[:, i], k[:, j], preferred_element_type=jnp.float32) / (Dh ** 0.5)
+        return jnp.where(ok, s, _NEG_INF), ok  # masked before any exp: nothing overflows
+
+    return q, k, v, n, scores
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def blockwise_attention(q, k, v, segment_ids, block: int):
+    """Causal grouped-query self-attention of q [B, T, H, Dh] over k, v [B, T, K, Dh] that never holds T x T
+    scores (FlashAttention-2's algorithm in plain JAX): queries go `block` at a time, each over the key blocks at
+    or before its own with an online softmax in float32, blocks above the diagonal never computed. The backward
+    pass (`_blockwise_bwd`) recomputes each block's probabilities from the saved log-sum-exp, so it too holds one
+    block's scores at a time: memory linear in T. A key is visible when it is causal and in the query's segment
+    > 0 (`SelfMask`); a query that sees no key (padding) gets 0."""
+    return _blockwise_fwd(q, k, v, segment_ids, block)[0]
+
+
+def _blockwise_fwd(q, k, v, segment_ids, block):
+    B, T, H, Dh = q.shape
+    qb, kb, vb, n, scores = _blocked(q, k, v, segment_ids, block)
+
+    def query_block(i):
+        def key_block(j, carry):
+            m, l, acc = carry
+            s, ok = scores(i, j)
+            m_new = jnp.maximum(m, jnp.max(s, axis=-1))
+            p = jnp.where(ok, jnp.exp(s - m_new[..., None]), 0.0)
+            scale = jnp.exp(m - m_new)
+            acc = acc * scale[..., None] + jnp.einsum("bqkgc,bckd->bqkgd", p.astype(v.dtype), vb[:, j],
+                                                      preferred_element_type=jnp.float32)
+            return m_new, l * scale + jnp.sum(p, axis=-1), acc
+
+        shape = qb.shape[:1] + qb.shape[2:5]  # [B, block, K, G]
+        init = (jnp.full(shape, _NEG_INF, jnp.float32), jnp.zeros(shape, jnp.float32),
+                jnp.zeros((*shape, Dh), jnp.float32))
+        m, l, acc = jax.lax.fori_loop(0, i + 1, key_block, init)  # key blocks 0..i: none above the diagonal
+        l = jnp.maximum(l, 1e-30)
+        return (acc / l[..., None]).astype(v.dtype), m + jnp.log(l)
+
+    out, lse = jax.lax.map(query_block, jnp.arange(n))  # [n, B, block, K, G, (Dh)]
+    out = out.swapaxes(0, 1)
+    return out.reshape(B, n * block, H, Dh)[:, :T], (q, k, v, segment_ids, out, lse.swapaxes(0, 1))
+
+
+def _blockwise_bwd(block, res, dout):
+    q, k, v, segment_ids, out, lse = res
+    B, T, H, Dh = q.shape
+    qb, kb, vb, n, scores = _blocked(q, k, v, segment_ids, block)
+    do = jnp.pad(dout, ((0, 0), (0, n * block - T), (0, 0), (0, 0))).reshape(qb.shape)
+    delta = jnp.sum(do.astype(jnp.float32) * out.astype(jnp.float32), axis=-1)  # [B, n, block, K, G]
+
+    def query_block(i, grads):
+        def key_block(j, carry):
+            dq_i, dk, dv = carry
+            s, ok = scores(i, j)
+            p = jnp.where(ok, jnp.exp(s - lse[:, i, ..., None]), 0.0)  # this block's softmax probabilities
+            dv = dv.at[:, j].add(jnp.einsum("bqkgc,bqkgd->bckd", p.astype(do.dtype), do[:, i],
+                                            preferred_element_type=jnp.float32))
+            dp = jnp.einsum("bqkgd,bckd->bqkgc", do[:, i], vb[:, j], preferred_element_type=jnp.float32)
+            ds = (p * (dp - delta[:, i, ..., None]) / (Dh ** 0.5)).astype(q.dtype)
+            dq_i = dq_i + jnp.einsum("bqkgc,bckd->bqkgd", ds, kb[:, j], preferred_element_type=jnp.float32)
+            dk = dk.at[:, j].add(jnp.einsum("bqkgc,bqkgd->bckd", ds, qb[:, i], preferred_element_type=jnp.float32))
+            return dq_i, dk, dv
+
+        dq, dk, dv = grads
+        dq_i, dk, dv = jax.lax.fori_loop(0, i + 1, key_block, (jnp.zeros(qb.shape[:1] + qb.shape[2:], jnp.float32),
+                                                                dk, dv))
+        return dq.at[:, i].set(dq_i), dk, dv
+
+    zeros = lambda x: jnp.zeros(x.shape, jnp.float32)  # noqa: E731
+    dq, dk, dv = jax.lax.fori_loop(0, n, query_block, (zeros(qb), zeros(kb), zeros(vb)))
+    whole = lambda g, x: g.reshape(B, n * block, *x.shape[2:])[:, :T].astype(x.dtype)  # noqa: E731
+    return whole(dq, q), whole(dk, k), whole(dv, v), None
+
+
+blockwise_attention.defvjp(_blockwise_fwd, _blockwise_bwd)
 
 
 class CachedMask(NamedTuple):
@@ -256,4 +359,6 @@ def attend(cfg: ModelConfig, h, p, positions, mask, kv=None, start=None):
         S = mask.shape[-1]
         visible = lambda c: jax.lax.dynamic_slice(c, (layer, 0, 0, 0, 0), (1, c.shape[1], S) + c.shape[3:])[0]  # noqa: E731
         k, v, kv = visible(ck), visible(cv), (ck, cv)
+    if isinstance(mask, SelfMask):
+        return jnp.einsum("bthk,hkd->btd", blockwise_attention(q, k, v, mask.segment_ids, mask.block), w("wo")), kv
     return jnp.einsum("bthk,hkd->btd", attention(q, k, v, mask), w("wo")), kv

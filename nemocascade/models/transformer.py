@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 
 from nemocascade.models import hybrid
-from nemocascade.models.blocks import (CachedMask, KVCache, RouterStats, _no_stats, attend, attention,  # noqa: F401
-                                       load_balancing_loss, mlp, mlp_axes, mlp_shapes, moe, moe_axes, moe_shapes,
-                                       rms_norm, rope, route)
+from nemocascade.models.blocks import (CachedMask, KVCache, RouterStats, SelfMask, _no_stats, attend,  # noqa: F401
+                                       attention, load_balancing_loss, mlp, mlp_axes, mlp_shapes, moe, moe_axes,
+                                       moe_shapes, rms_norm, rope, route)
 
 Params = dict[str, Any]
 
@@ -60,6 +60,11 @@ class ModelConfig:
     param_dtype: str = "float32"
     init_std: float = 0.02
     remat: bool = False  # rematerialise each layer in the backward pass (memory for compute)
+    # self-attention of a training or scoring pass: "dense" holds [T, T] scores; "blockwise" queries and keys
+    # `attention_block` at a time, never T x T, in the backward pass too (`blocks.blockwise_attention`); "auto":
+    # blockwise when T > attention_block, else dense. sampling has its own (`sampling.attn_chunk`)
+    attention: str = "auto"
+    attention_block: int = 512
     # mixture of experts (Qwen3-MoE): n_experts > 0 replaces every layer's MLP by n_experts routed SwiGLU experts of
     # width d_ff_expert, n_experts_per_tok of them per token (softmax router, top-k, dropless), plus an always-on
     # shared expert of width d_ff_shared (0: none)
@@ -111,6 +116,9 @@ class ModelConfig:
                              f"{self.n_experts} and be >= model.topk_groups={self.topk_groups}")
         if self.layer_pattern:
             hybrid.check(self)
+        if self.attention not in ("auto", "dense", "blockwise") or self.attention_block <= 0:
+            raise ValueError(f"model.attention={self.attention!r} must be 'auto', 'dense' or 'blockwise' and "
+                             f"model.attention_block={self.attention_block} positive")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
@@ -269,13 +277,17 @@ def forward_hidden(params: Params, cfg: ModelConfig, tokens, positions=None, val
         positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
     if valid is None:
         valid = jnp.ones((B, T), bool)
-    mask = jnp.tril(jnp.ones((T, T), bool))[None] & valid[:, None, :]
-    if segment_ids is not None:
-        if "M" in cfg.layer_pattern:
-            raise ValueError("packed rows (segment_ids) with Mamba-2 layers: the recurrent state would carry from one "
-                             "sequence into the next; train this model with pack=False")
-        mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids > 0)[:, None, :]
-        valid = valid & (segment_ids > 0)
+    if segment_ids is not None and "M" in cfg.layer_pattern:
+        raise ValueError("packed rows (segment_ids) with Mamba-2 layers: the recurrent state would carry from one "
+                         "sequence into the next; train this model with pack=False")
+    if cfg.attention == "blockwise" or (cfg.attention == "auto" and T > cfg.attention_block):
+        seg = jnp.where(valid, 1 if segment_ids is None else segment_ids, 0).astype(jnp.int32)
+        mask, valid = SelfMask(seg, cfg.attention_block), seg > 0
+    else:
+        mask = jnp.tril(jnp.ones((T, T), bool))[None] & valid[:, None, :]
+        if segment_ids is not None:
+            mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids > 0)[:, None, :]
+            valid = valid & (segment_ids > 0)
     h, _, stats = _decoder(params, cfg, tokens, positions, mask, tok_valid=valid)
     if not with_aux:
         return h
