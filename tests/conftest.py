@@ -14,6 +14,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(tempfile.gettempdir(), "nemocascade-tests-xla-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+# With libtpu installed (the [tpu] extra; tests/test_tpu_compile.py), every worker loads it, and without this the
+# ones after the first cannot take libtpu's lockfile ("Internal error when accessing libtpu multi-process lockfile")
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 # The longest files first (measured 2026-12-07, seconds of one worker): a worker takes a whole file (--dist
 # loadfile, pytest.ini), so a long one started last sets when the suite ends. xdist's own order (most tests first,
