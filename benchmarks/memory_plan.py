@@ -180,9 +180,10 @@ def plan(name: str, cfg: ModelConfig, devices: list, shapes: Shapes, judge: str 
     programs["micro_batch"] = (_compile(micro.lower(state, one)), resident["reference"] + resident["teachers"]
                                + judge_b)
 
-    roles = update.FrozenRoles(cfg, {"teacher_logp"}, teachers=(params,), teacher_of_domain=np.zeros(1, np.int32))
-    rows_mask = batch_of(rows, (), jnp.bool_)
-    programs["teacher"] = (_compile(roles._teacher.lower(params, batch, rows_mask, None)),
+    roles = update.FrozenRoles(cfg, {"teacher_logp"}, teachers=(params,), teacher_of_domain=np.zeros(1, np.int32),
+                               micro_batches=shapes.micro_batches)
+    rows_mask, inputs = batch_of(rows, (), jnp.bool_), {k: batch[k] for k in ("tokens", "positions", "valid")}
+    programs["teacher"] = (_compile(roles._teacher.lower(params, inputs, rows_mask, None)),
                            resident["policy_state"] + resident["reference"] + resident["teachers"] - _bytes(params)
                            + judge_b)
     if judge:

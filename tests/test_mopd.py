@@ -93,6 +93,25 @@ def test_mopd_step_matches_hand_gradient_with_per_row_teachers():
     np.testing.assert_allclose(metrics["is_clip_frac"], 1 - in_band.sum() / m.sum(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("needs,topk", [({"teacher_logp", "ref_logp"}, 0), ({"teacher_logits"}, 4)])
+def test_frozen_roles_in_micro_batches_equal_one_pass(needs, topk):
+    """Three micro-batches of two rows each (per-row teachers, the reference, top-k logits) give what one pass over
+    the six rows gives: each row's own teacher's log-probs, per row, against `_logp` by hand."""
+    b = _batch()
+    params = init_params(CFG, jax.random.key(0))
+    teachers = (init_params(CFG, jax.random.key(10)), init_params(CFG, jax.random.key(11)))
+    kw = dict(reference=params, teachers=teachers, teacher_of_domain=[0, 1], topk=topk)
+    whole = update.FrozenRoles(CFG, needs, **kw)(b)
+    split = update.FrozenRoles(CFG, needs, micro_batches=3, **kw)(b)
+    assert sorted(whole) == sorted(split)
+    for k in whole:
+        np.testing.assert_allclose(np.asarray(split[k]), np.asarray(whole[k]), atol=1e-6, err_msg=k)
+    if "teacher_logp" in needs:
+        by_hand = np.where((b["teacher_idx"] == 0)[:, None], _logp(teachers[0], b), _logp(teachers[1], b))
+        np.testing.assert_allclose(np.asarray(split["teacher_logp"]), by_hand, atol=1e-5)
+        np.testing.assert_allclose(np.asarray(split["ref_logp"]), np.asarray(_logp(params, b)), atol=1e-5)
+
+
 def test_student_equal_to_teacher_has_zero_loss_and_gradient():
     b = _batch()
     params, _, state, step = _setup(_stage())

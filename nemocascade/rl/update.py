@@ -28,9 +28,11 @@ class FrozenRoles:
     """Scores a batch under the frozen roles an objective needs: the reference (``ref_logp``) and, per row,
     that row's teacher (``teacher_logp``; ``teacher_logits`` [N, T, K] log-probabilities over the vocabulary
     or the teacher's top ``topk`` tokens, with ``teacher_support``). Roles are params pytrees on the policy's
-    mesh; each is scored in its own jitted pass (one compile per shape, shared by all teachers)."""
+    mesh; each is scored in its own jitted pass (one compile per shape, shared by all teachers), `micro_batches`
+    groups of rows at a time, as the step trains them: a pass holds one micro-batch's activations."""
 
-    def __init__(self, model_cfg, needs, reference=None, teachers=(), teacher_of_domain=None, topk: int = 0):
+    def __init__(self, model_cfg, needs, reference=None, teachers=(), teacher_of_domain=None, topk: int = 0,
+                 micro_batches: int = 1):
         """`teacher_of_domain`: int array, run-domain index -> index into `teachers`."""
         self.needs, self.reference, self.teachers, self.topk = frozenset(needs), reference, tuple(teachers), topk
         self.teacher_of_domain = None if teacher_of_domain is None else jnp.asarray(teacher_of_domain, jnp.int32)
@@ -38,21 +40,35 @@ class FrozenRoles:
             raise ValueError("the objective needs ref_logp but no reference params were given")
         if self.needs & TEACHER_INPUTS and not self.teachers:
             raise ValueError("the objective needs a teacher but no teacher params were given")
-        self._logp = jax.jit(functools.partial(_sampled_logp, model_cfg))
-        self._teacher = jax.jit(functools.partial(_teacher_pass, model_cfg, "teacher_logits" in self.needs, topk),
-                                donate_argnums=3)
+        self._logp = jax.jit(_by_rows(functools.partial(_sampled_logp, model_cfg), micro_batches))
+        self._teacher = jax.jit(_by_rows(functools.partial(_teacher_pass, model_cfg, "teacher_logits" in self.needs,
+                                                           topk), micro_batches), donate_argnums=3)
 
     def __call__(self, batch) -> dict:
         out = {}
+        inputs = {k: batch[k] for k in ("tokens", "positions", "valid")}  # all a pass reads, one row per rollout
         if "ref_logp" in self.needs:
-            out["ref_logp"] = self._logp(self.reference, batch)
+            out["ref_logp"] = self._logp(self.reference, inputs)
         if self.needs & TEACHER_INPUTS:
             rows = self.teacher_of_domain[batch["domain_idx"]]
             scored = None
             for k, params in enumerate(self.teachers):  # static shapes: every teacher scores every row
-                scored = self._teacher(params, batch, rows == k, scored)
+                scored = self._teacher(params, inputs, rows == k, scored)
             out |= scored
         return out
+
+
+def _by_rows(fn, micro_batches: int):
+    """`fn(params, *rows)` (every leaf of `rows` and of its result [N, ...]) over `micro_batches` groups of rows in
+    turn (`lax.map`): the same values, with one group's activations alive at a time."""
+    if micro_batches == 1:
+        return fn
+
+    def run(params, *rows):
+        split = lambda x: x.reshape(micro_batches, x.shape[0] // micro_batches, *x.shape[1:])  # noqa: E731
+        out = jax.lax.map(lambda r: fn(params, *r), jax.tree.map(split, rows))
+        return jax.tree.map(lambda y: y.reshape(-1, *y.shape[2:]), out)
+    return run
 
 
 LOGITS_BUDGET = 2 ** 26  # float32 elements (256 MiB) of [rows, positions, vocab] logits built at once

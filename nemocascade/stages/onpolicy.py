@@ -104,7 +104,7 @@ def run(ctx: common.RunContext, name: str, stage, params, source=one_turn, recor
         else ((), None)
     roles = update.FrozenRoles(ctx.model_cfg, objective.needs, teachers=teachers,
                                reference=params if "ref_logp" in objective.needs else None,
-                               teacher_of_domain=teacher_of_domain, topk=o.distill_topk)
+                               teacher_of_domain=teacher_of_domain, topk=o.distill_topk, micro_batches=o.micro_batches)
     data_iter, epoch_len = common.prompt_stream(ctx, name, stage, records)
     epoch_filter = filters.EpochFilter(seed=ctx.cfg.seed) if stage.filters.epoch else None
     rollouts = source(ctx, stage, data_iter, epoch_len, epoch_filter)
