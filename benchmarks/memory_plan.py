@@ -131,6 +131,11 @@ def _compile(lowered) -> dict:
 def plan(name: str, cfg: ModelConfig, devices: list, shapes: Shapes, judge: str = "") -> dict:
     axes = MESHES["moe" if cfg.moe else "dense"][len(devices)]
     mesh = mesh_lib.make_mesh(axes, devices)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # as a run traces its programs (cascade.py)
+        return _plan(name, cfg, mesh, axes, shapes, judge)
+
+
+def _plan(name, cfg, mesh, axes, shapes, judge) -> dict:
     shard = param_shardings(cfg, mesh)
     params = _abstract(jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0)), shard)
     o = ml_collections.ConfigDict(dict(optim.DEFAULTS) | dict(lr=1e-6))
@@ -142,7 +147,7 @@ def plan(name: str, cfg: ModelConfig, devices: list, shapes: Shapes, judge: str 
     def batch_of(n, shape, dtype):
         return jax.ShapeDtypeStruct((n, *shape), dtype, sharding=mesh_lib.batch_sharding(mesh, 1 + len(shape), n))
 
-    out = {"model": name, "devices": len(devices), "mesh": axes, "params_b": sum(math.prod(x.shape) for x in
+    out = {"model": name, "devices": mesh.size, "mesh": axes, "params_b": sum(math.prod(x.shape) for x in
                                                                             jax.tree.leaves(params)) / 1e9}
     resident = {"policy_state": _bytes(state), "reference": _bytes(params), "teachers": shapes.teachers *
                 _bytes(params)}

@@ -59,22 +59,23 @@ def main():
     def rows(n, shape, dtype):
         return jax.ShapeDtypeStruct((n, *shape), dtype, sharding=mesh_lib.batch_sharding(mesh, 1 + len(shape), n))
 
-    out = {"topology": args.topology, "chips": len(devices), "prompts x group": [P, G]}
-    key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=mesh_lib.replicated(mesh))
-    sample = jax.jit(functools.partial(sampling.sample, cfg=model, max_new_tokens=MAX_NEW, eos_id=2, num_samples=G))
-    out["sample"] = report(sample.trace(params, prompt_tokens=rows(P, (PROMPT_LEN,), jnp.int32),
-                                        prompt_lens=rows(P, (), jnp.int32), rng=key).lower().compile())
-    step = jax.jit(update.policy_step(tx, model_cfg=model, objective=objectives.build(dict(terms={"pg": 1.0}))),
-                   donate_argnums=0)
-    N, W = P * G, PROMPT_LEN + MAX_NEW
-    batch = {"tokens": rows(N, (W,), jnp.int32), "valid": rows(N, (W,), jnp.bool_),
-             "positions": rows(N, (W,), jnp.int32),
-             "mask": rows(N, (W - 1,), jnp.float32), "sampler_logp": rows(N, (W - 1,), jnp.float32),
-             "domain_idx": rows(N, (), jnp.int32), "rewards": rows(P, (G,), jnp.float32),
-             "truncated": rows(P, (G,), jnp.bool_)}
-    out["step"] = report(step.trace(state, batch).lower().compile())
-    roles = update.FrozenRoles(model, {"teacher_logp"}, teachers=(params,), teacher_of_domain=np.zeros(1, np.int32))
-    out["teacher"] = report(roles._teacher.trace(params, batch, rows(N, (), jnp.bool_), None).lower().compile())
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # as a run traces its programs (cascade.py)
+        out = {"topology": args.topology, "chips": len(devices), "prompts x group": [P, G]}
+        key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=mesh_lib.replicated(mesh))
+        sample = jax.jit(functools.partial(sampling.sample, cfg=model, max_new_tokens=MAX_NEW, eos_id=2, num_samples=G))
+        out["sample"] = report(sample.trace(params, prompt_tokens=rows(P, (PROMPT_LEN,), jnp.int32),
+                                            prompt_lens=rows(P, (), jnp.int32), rng=key).lower().compile())
+        step = jax.jit(update.policy_step(tx, model_cfg=model, objective=objectives.build(dict(terms={"pg": 1.0}))),
+                       donate_argnums=0)
+        N, W = P * G, PROMPT_LEN + MAX_NEW
+        batch = {"tokens": rows(N, (W,), jnp.int32), "valid": rows(N, (W,), jnp.bool_),
+                 "positions": rows(N, (W,), jnp.int32),
+                 "mask": rows(N, (W - 1,), jnp.float32), "sampler_logp": rows(N, (W - 1,), jnp.float32),
+                 "domain_idx": rows(N, (), jnp.int32), "rewards": rows(P, (G,), jnp.float32),
+                 "truncated": rows(P, (G,), jnp.bool_)}
+        out["step"] = report(step.trace(state, batch).lower().compile())
+        roles = update.FrozenRoles(model, {"teacher_logp"}, teachers=(params,), teacher_of_domain=np.zeros(1, np.int32))
+        out["teacher"] = report(roles._teacher.trace(params, batch, rows(N, (), jnp.bool_), None).lower().compile())
     print(json.dumps(out))
 
 

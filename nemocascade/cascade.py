@@ -294,47 +294,49 @@ def _run_locked(cfg, workdir, config_name, variant, changes, redo_from=None) -> 
     t_start = time.time()
     ctx, pretrained = setup(cfg, workdir, config_name, variant, changes)
     try:
-        ckpt_dir = os.path.join(workdir, "checkpoints")
-        if redo_from:
-            _redo_from(ctx, redo_from, changes)
-        named_checkpoints.check_manifest(ckpt_dir,
-                                         named_checkpoints.manifest(cfg, reward_sources.verifiers, _teacher_refs))
-        workdir_lib.save_config(workdir, cfg.to_dict())  # every resume check passed: this is the run's config now
-        if changes:
-            ctx.log.record_config_changes(changes)
-            print("resumed with allowed config changes: " + ", ".join(f"{k} {o!r} -> {n!r}" for k, o, n in changes),
-                  flush=True)
-        init = pretrained if pretrained is not None else init_sharded(ctx.model_cfg, ctx.mesh,
-                                                                      jax.random.key(cfg.seed))
-        del pretrained  # the run owns `init` now
-        print(f"model: {count_params(init) / 1e6:.2f}M params, vocab {ctx.model_cfg.vocab_size}, "
-              f"devices {ctx.mesh.shape}", flush=True)
-        if cfg.get("eval_init") and not ctx.log.summary.get("init"):  # the starting model's scores ("before")
-            checkpoint.save_params(_final_path(ctx, "init"), init)
-            _evaluate_init(ctx, init)
-        main = None  # the last finished main-line stage: where the next stage starts by default
-        loaded = (None, init)  # (stage name, params) in memory, so a handoff does not reload from disk
-        for name in stage_order(cfg):
-            interrupts.check(f"before stage {name!r}")
-            stage = cfg.stages[name]
-            if ctx.log.stage_done(name):
-                print(f"[{name}] already done", flush=True)
-                main = main if stage.handoff.side_branch else name
-                continue
-            start = ctx.checkpoints.stage_of(stage.handoff.init_from) if stage.handoff.init_from else main
-            if start != loaded[0]:
-                loaded = (start, checkpoint.load_params(ctx.checkpoints.path(f"stage:{start}"), ctx.abstract_params))
-            kind = kinds.get(stage.kind)
-            refs = _teacher_refs(stage)
-            teacher_stages = {d: f"stage:{ctx.checkpoints.stage_of(r)}" for d, r in refs.items()} if refs else None
-            t0 = time.time()
-            params = kind.run(dataclasses.replace(ctx, start_stage=start), name, stage, loaded[1])
-            checkpoint.save_params(_final_path(ctx, name), params)
-            _evaluate_stage(ctx, name, params, start, teacher_stages, train_s=time.time() - t0, t0=t0)
-            if not stage.handoff.side_branch:
-                main, loaded = name, (name, params)
-        ctx.log.finish(ctx.log.wall_s_before + time.time() - t_start)  # a resume adds to the earlier processes'
-        return ctx.log.summary
+        with jax.sharding.use_abstract_mesh(ctx.mesh.abstract_mesh):  # traced on it (mesh.constrain)
+            ckpt_dir = os.path.join(workdir, "checkpoints")
+            if redo_from:
+                _redo_from(ctx, redo_from, changes)
+            named_checkpoints.check_manifest(ckpt_dir,
+                                             named_checkpoints.manifest(cfg, reward_sources.verifiers, _teacher_refs))
+            workdir_lib.save_config(workdir, cfg.to_dict())  # every resume check passed: this is the run's config now
+            if changes:
+                ctx.log.record_config_changes(changes)
+                print("resumed with allowed config changes: " + ", ".join(f"{k} {o!r} -> {n!r}" for k, o, n in changes),
+                      flush=True)
+            init = pretrained if pretrained is not None else init_sharded(ctx.model_cfg, ctx.mesh,
+                                                                          jax.random.key(cfg.seed))
+            del pretrained  # the run owns `init` now
+            print(f"model: {count_params(init) / 1e6:.2f}M params, vocab {ctx.model_cfg.vocab_size}, "
+                  f"devices {ctx.mesh.shape}", flush=True)
+            if cfg.get("eval_init") and not ctx.log.summary.get("init"):  # the starting model's scores ("before")
+                checkpoint.save_params(_final_path(ctx, "init"), init)
+                _evaluate_init(ctx, init)
+            main = None  # the last finished main-line stage: where the next stage starts by default
+            loaded = (None, init)  # (stage name, params) in memory, so a handoff does not reload from disk
+            for name in stage_order(cfg):
+                interrupts.check(f"before stage {name!r}")
+                stage = cfg.stages[name]
+                if ctx.log.stage_done(name):
+                    print(f"[{name}] already done", flush=True)
+                    main = main if stage.handoff.side_branch else name
+                    continue
+                start = ctx.checkpoints.stage_of(stage.handoff.init_from) if stage.handoff.init_from else main
+                if start != loaded[0]:
+                    path = ctx.checkpoints.path(f"stage:{start}")
+                    loaded = (start, checkpoint.load_params(path, ctx.abstract_params))
+                kind = kinds.get(stage.kind)
+                refs = _teacher_refs(stage)
+                teacher_stages = {d: f"stage:{ctx.checkpoints.stage_of(r)}" for d, r in refs.items()} if refs else None
+                t0 = time.time()
+                params = kind.run(dataclasses.replace(ctx, start_stage=start), name, stage, loaded[1])
+                checkpoint.save_params(_final_path(ctx, name), params)
+                _evaluate_stage(ctx, name, params, start, teacher_stages, train_s=time.time() - t0, t0=t0)
+                if not stage.handoff.side_branch:
+                    main, loaded = name, (name, params)
+            ctx.log.finish(ctx.log.wall_s_before + time.time() - t_start)  # a resume adds to the earlier processes'
+            return ctx.log.summary
     finally:
         ctx.pool.close()
         ctx.log.close()
@@ -400,21 +402,22 @@ def _rescore_locked(cfg, workdir, config_name, variant, changes) -> dict:
         raise BadInput(f"{workdir}: no final params for finished stage(s) {missing} under checkpoints/final")
     ctx, _ = setup(cfg, workdir, config_name, variant, changes)
     try:
-        workdir_lib.save_config(workdir, cfg.to_dict())
-        ctx.log.record_config_changes(changes)
-        ctx.checkpoints.clear()  # rebuilt, stage by stage, from the new validation scores
-        load = lambda name: checkpoint.load_params(_final_path(ctx, name), ctx.abstract_params)  # noqa: E731
-        if ctx.log.summary.get("init"):
-            _evaluate_init(ctx, load("init"), wall_s=ctx.log.summary["init"]["wall_s"])
-        for entry in done:
-            name = entry["name"]
-            interrupts.check(f"before rescoring stage {name!r}")
-            _evaluate_stage(ctx, name, load(name), entry.get("started_from"), entry.get("teachers"),
-                            train_s=entry.get("train_wall_s", entry["wall_s"]), wall_s=entry["wall_s"])
-        ctx.log.summary.setdefault("rescored", []).append(
-                {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "eval": cfg.eval.to_dict()})
-        ctx.log.finish(ctx.log.wall_s_before or sum(e["wall_s"] for e in done))  # as trained, not rescoring's
-        return ctx.log.summary
+        with jax.sharding.use_abstract_mesh(ctx.mesh.abstract_mesh):  # traced on it (mesh.constrain)
+            workdir_lib.save_config(workdir, cfg.to_dict())
+            ctx.log.record_config_changes(changes)
+            ctx.checkpoints.clear()  # rebuilt, stage by stage, from the new validation scores
+            load = lambda name: checkpoint.load_params(_final_path(ctx, name), ctx.abstract_params)  # noqa: E731
+            if ctx.log.summary.get("init"):
+                _evaluate_init(ctx, load("init"), wall_s=ctx.log.summary["init"]["wall_s"])
+            for entry in done:
+                name = entry["name"]
+                interrupts.check(f"before rescoring stage {name!r}")
+                _evaluate_stage(ctx, name, load(name), entry.get("started_from"), entry.get("teachers"),
+                                train_s=entry.get("train_wall_s", entry["wall_s"]), wall_s=entry["wall_s"])
+            ctx.log.summary.setdefault("rescored", []).append(
+                    {"time": time.strftime("%Y-%m-%d %H:%M:%S"), "eval": cfg.eval.to_dict()})
+            ctx.log.finish(ctx.log.wall_s_before or sum(e["wall_s"] for e in done))  # as trained, not rescoring's
+            return ctx.log.summary
     finally:
         ctx.pool.close()
         ctx.log.close()

@@ -88,6 +88,17 @@ def logical_spec(mesh: Mesh, axes: Sequence[str | None], shape: Sequence[int], r
     return PartitionSpec(*spec)
 
 
+def constrain(x, axes: Sequence[str | None], rules=RULES):
+    """x laid out by its logical `axes` on the mesh being traced under (`jax.sharding.use_abstract_mesh`, as
+    cascade.py traces every program); x as it is outside one.
+    The models pin their activations so, rows over the data-parallel axes: left to itself XLA may lay a layer's
+    activations out by the FSDP-sharded `embed` dim of its weights, every chip computing every row."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_spec(mesh, axes, x.shape, rules))
+
+
 def tree_shardings(mesh: Mesh, axes_tree, shapes_tree, rules=RULES):
     """NamedShardings for a pytree given matching pytrees of logical axes and shapes."""
     is_leaf = lambda x: isinstance(x, tuple)  # noqa: E731

@@ -24,12 +24,15 @@ def _params(cfg, seed=0):
     return jax.tree.unflatten(treedef, leaves)
 
 
-@pytest.mark.parametrize("chunk", [0, 4])
+@pytest.mark.parametrize("chunk", [0, 4, "blockwise prefill"])
 @pytest.mark.parametrize("name", sorted(CFGS))
 def test_kv_cache_decode_matches_full_forward(name, chunk):
     """Dense (chunk 0) and chunked cache attention (4 slots a read over an 11-slot cache: the last read overlaps the
-    one before) both give the full pass's logits."""
+    one before) both give the full pass's logits; so does a prefill that attends blockwise (blocks of 2)."""
     cfg = CFGS[name]
+    seen = 0
+    if chunk == "blockwise prefill":
+        cfg, chunk, seen = tf.ModelConfig(**{**cfg.__dict__, "attention": "blockwise", "attention_block": 2}), 0, 5
     params = _params(cfg)
     B, prompt_len, N = 3, 5, 6
     rng = np.random.default_rng(0)
@@ -44,7 +47,7 @@ def test_kv_cache_decode_matches_full_forward(name, chunk):
 
     cache = tf.init_cache(cfg, B, prompt_len + N)
     logits, cache = tf.forward_cached(params, cfg, jnp.asarray(tokens[:, :prompt_len]), pos[:, :prompt_len],
-                                      jnp.asarray(valid), cache, 0, chunk=chunk)
+                                      jnp.asarray(valid), cache, 0, chunk=chunk, seen=seen)
     step_logits = [logits[:, -1]]
     for i in range(N - 1):
         t = prompt_len + i

@@ -1,6 +1,7 @@
 """Sharding on 8 fake CPU devices: forward, loss and gradients on the (data, fsdp, tensor) mesh, and a mixture
 of experts' (and a Nemotron-H hybrid's) on the (fsdp, expert, tensor) mesh, equal the single-device ones; policy,
-reference and teacher params live on the same mesh with the same shardings. Runs in a subprocess because the
+reference and teacher params live on the same mesh with the same shardings; traced under the mesh (activations
+pinned, blockwise attention) they still equal the single-device dense ones. Runs in a subprocess because the
 device count is fixed when JAX starts."""
 import os
 import subprocess
@@ -57,18 +58,24 @@ SCRIPT = textwrap.dedent("""
     tokens = rng.integers(1, 64, (8, 12)).astype(np.int32)
     mask = (rng.random((8, 11)) > 0.3).astype(np.float32)
 
-    def loss_fn(p, tokens, mask):  # with experts, plus the load-balancing loss
+    def loss_fn(p, tokens, mask, cfg):  # with experts, plus the load-balancing loss
         logits, aux = forward(p, cfg, tokens[:, :-1], with_aux=True)
         return losses.token_cross_entropy(logits, tokens[:, 1:], mask)[0] + cfg.router_aux_coef * aux
 
-    def run(p, tokens, mask):
-        return jax.jit(lambda p, t, m: (forward(p, cfg, t), *jax.value_and_grad(loss_fn)(p, t, m)))(p, tokens, mask)
+    def run(p, tokens, mask, cfg=cfg):
+        fn = lambda p, t, m: (forward(p, cfg, t), *jax.value_and_grad(loss_fn)(p, t, m, cfg))  # noqa: E731
+        return jax.jit(fn)(p, tokens, mask)
 
     cpu0 = jax.devices()[0]
     ref = run(jax.device_put(single, cpu0), jax.device_put(tokens, cpu0), jax.device_put(mask, cpu0))
     batch = mesh_lib.shard_batch(mesh, {"tokens": tokens, "mask": mask})
     assert batch["tokens"].sharding.spec == jax.sharding.PartitionSpec(batch_axes, None)
     out = run(policy, batch["tokens"], batch["mask"])
+    # traced under the mesh, as a run is (activations pinned by mesh.constrain), with blockwise attention (blocks
+    # of 4 over 11 tokens): the values of the single-device dense reference too
+    blockwise = ModelConfig(**{**cfg.__dict__, "attention": "blockwise", "attention_block": 4})
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        pinned = run(policy, batch["tokens"], batch["mask"], blockwise)
 
     def rel(a, b):
         a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
@@ -77,6 +84,8 @@ SCRIPT = textwrap.dedent("""
     assert rel(out[1], ref[1]) <= 1e-5, rel(out[1], ref[1])
     for g, gr in zip(jax.tree.leaves(out[2]), jax.tree.leaves(ref[2])):
         assert rel(g, gr) <= 1e-5, rel(g, gr)
+    for a, b in zip(jax.tree.leaves(pinned), jax.tree.leaves(ref)):
+        assert rel(a, b) <= 1e-5, rel(a, b)
     # gradients come back sharded like their parameters
     g_mlp = group(out[2], mlp)[mlp]
     assert g_mlp.sharding.is_equivalent_to(group(shard, mlp)[mlp], g_mlp.ndim)
@@ -88,7 +97,8 @@ SCRIPT = textwrap.dedent("""
     s_ref = sampling.sample(jax.device_put(single, cpu0), cfg, jnp.asarray(prompts), jnp.asarray(lens),
                             jax.random.key(0), **kw)
     pb = mesh_lib.shard_batch(mesh, {"p": prompts, "l": lens})
-    s_out = sampling.sample(policy, cfg, pb["p"], pb["l"], jax.random.key(0), **kw)
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        s_out = sampling.sample(policy, cfg, pb["p"], pb["l"], jax.random.key(0), **kw)
     np.testing.assert_array_equal(np.asarray(s_out.tokens), np.asarray(s_ref.tokens))
     print("SHARDING-OK")
 """)

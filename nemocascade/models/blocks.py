@@ -352,13 +352,15 @@ def attend(cfg: ModelConfig, h, p, positions, mask, kv=None, start=None):
         ck, cv, layer = kv
         ck = jax.lax.dynamic_update_slice(ck, k[None].astype(ck.dtype), (layer, 0, start, 0, 0))
         cv = jax.lax.dynamic_update_slice(cv, v[None].astype(cv.dtype), (layer, 0, start, 0, 0))
+        kv = (ck, cv)
         if isinstance(mask, CachedMask):
             out = cached_attention(q, ck, cv, layer, mask.valid, start, mask.chunk)
-            return jnp.einsum("bthk,hkd->btd", out, w("wo")), (ck, cv)
-        # attend over the first mask.shape[-1] slots only (the caller's static bound on the filled ones)
-        S = mask.shape[-1]
-        visible = lambda c: jax.lax.dynamic_slice(c, (layer, 0, 0, 0, 0), (1, c.shape[1], S) + c.shape[3:])[0]  # noqa: E731
-        k, v, kv = visible(ck), visible(cv), (ck, cv)
+            return jnp.einsum("bthk,hkd->btd", out, w("wo")), kv
+        if not isinstance(mask, SelfMask):  # (a SelfMask prefill attends over its own keys, now in the cache)
+            # attend over the first mask.shape[-1] slots only (the caller's static bound on the filled ones)
+            S = mask.shape[-1]
+            visible = lambda c: jax.lax.dynamic_slice(c, (layer, 0, 0, 0, 0), (1, c.shape[1], S) + c.shape[3:])[0]  # noqa: E731
+            k, v = visible(ck), visible(cv)
     if isinstance(mask, SelfMask):
         return jnp.einsum("bthk,hkd->btd", blockwise_attention(q, k, v, mask.segment_ids, mask.block), w("wo")), kv
     return jnp.einsum("bthk,hkd->btd", attention(q, k, v, mask), w("wo")), kv

@@ -22,6 +22,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from nemocascade.mesh import constrain
 from nemocascade.models import blocks as tf
 
 KINDS = {"M": "mamba", "*": "attn", "-": "mlp", "E": "moe"}
@@ -216,7 +217,8 @@ def decoder(params, cfg, tokens, positions, mask, cache=None, start=0, tok_valid
     """`transformer._decoder` for a hybrid pattern: (normed hidden [B, T, D], the updated cache or None, router
     statistics or None). `cache`: a KVCache (prefill or decode) or None (training)."""
     dt = jnp.dtype(cfg.dtype)
-    x = params["embed"].astype(dt)[tokens]
+    rows = ("batch", None, None)  # activations' layout (mesh.constrain)
+    x = constrain(params["embed"].astype(dt)[tokens], rows)
     decode = cache is not None and tokens.shape[1] == 1  # one token: the recurrence, not the chunked scan
     counters = {kind: 0 for kind in KINDS.values()}
     stats = tf._no_stats(cfg) if cfg.moe else None
@@ -246,6 +248,7 @@ def decoder(params, cfg, tokens, positions, mask, cache=None, start=0, tok_valid
         ssm_j = None if ssm_all is None or kind != "mamba" else ssm_all[j]
         fn = jax.checkpoint(layer, static_argnums=(0, 3), prevent_cse=False) if cfg.remat else layer
         x, (k_all, v_all, conv_j, ssm_j, st) = fn(kind, x, p, j, k_all, v_all, conv_j, ssm_j)
+        x = constrain(x, rows)
         if kind == "mamba" and conv_all is not None:
             conv_all = conv_all.at[j].set(conv_j.astype(conv_all.dtype))
             ssm_all = ssm_all.at[j].set(ssm_j)

@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from nemocascade.mesh import constrain
 from nemocascade.models import hybrid
 from nemocascade.models.blocks import (CachedMask, KVCache, RouterStats, SelfMask, _no_stats, attend,  # noqa: F401
                                        attention, load_balancing_loss, mlp, mlp_axes, mlp_shapes, moe, moe_axes,
@@ -244,12 +245,13 @@ def _decoder(params: Params, cfg: ModelConfig, tokens, positions, mask, kv=None,
         tok_valid = jnp.ones(tokens.shape, bool)
     if cfg.layer_pattern:
         return hybrid.decoder(params, cfg, tokens, positions, mask, kv, start, tok_valid)
-    x = params["embed"].astype(jnp.dtype(cfg.dtype))[tokens]
+    x = constrain(params["embed"].astype(jnp.dtype(cfg.dtype))[tokens], ("batch", None, None))
 
     def body(carry, xs):
         x, kv, stats = carry
         p, layer = xs
         x, kv, new = _layer(cfg, x, p, positions, mask, None if kv is None else (*kv, layer), start, tok_valid)
+        x = constrain(x, ("batch", None, None))
         if new is not None:
             stats = jax.tree.map(jnp.add, stats, new)
         return (x, kv, stats), None
@@ -267,6 +269,11 @@ def lm_head(params: Params, cfg: ModelConfig, h):
     return jnp.einsum("btd,dv->btv", h, head.astype(jnp.dtype(cfg.dtype)), preferred_element_type=jnp.float32)
 
 
+def blockwise(cfg: ModelConfig, T: int) -> bool:
+    """Whether a pass over T of its own tokens attends blockwise (`ModelConfig.attention`)."""
+    return cfg.attention == "blockwise" or (cfg.attention == "auto" and T > cfg.attention_block)
+
+
 def forward_hidden(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None, segment_ids=None,
                    with_aux: bool = False):
     """The final normed hidden state [B, T, d_model] of `tokens` [B, T]: `forward` without the LM head
@@ -280,7 +287,7 @@ def forward_hidden(params: Params, cfg: ModelConfig, tokens, positions=None, val
     if segment_ids is not None and "M" in cfg.layer_pattern:
         raise ValueError("packed rows (segment_ids) with Mamba-2 layers: the recurrent state would carry from one "
                          "sequence into the next; train this model with pack=False")
-    if cfg.attention == "blockwise" or (cfg.attention == "auto" and T > cfg.attention_block):
+    if blockwise(cfg, T):
         seg = jnp.where(valid, 1 if segment_ids is None else segment_ids, 0).astype(jnp.int32)
         mask, valid = SelfMask(seg, cfg.attention_block), seg > 0
     else:
@@ -349,10 +356,13 @@ def forward_cached(params: Params, cfg: ModelConfig, tokens, positions, valid, c
     [start, start+T) (a prefill's bound).
     `chunk` (static, 0 = off): attention reads the cache `chunk` slots at a time and only up to slot start + T
     (`blocks.cached_attention`): decoding then costs what the filled slots cost, whatever the cache's length.
+    A prefill (start 0, seen = T) of more than `cfg.attention_block` tokens attends blockwise, as training does.
     """
     T = tokens.shape[1]
     kv_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, start, axis=1)
-    if chunk and cache.valid.shape[1] > chunk:  # (a cache of one chunk is read whole, without the loop)
+    if isinstance(start, int) and start == 0 and seen == T and blockwise(cfg, T):  # a long prompt's prefill
+        mask = SelfMask(valid.astype(jnp.int32), cfg.attention_block)
+    elif chunk and cache.valid.shape[1] > chunk:  # (a cache of one chunk is read whole, without the loop)
         mask = CachedMask(kv_valid, chunk)
     else:
         slots = jnp.arange(seen or cache.valid.shape[1])
