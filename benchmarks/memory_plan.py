@@ -7,7 +7,8 @@ Each model's three programs are compiled ahead of time on abstract shapes (`jax.
 a mesh of fake CPU devices, with the policy, the frozen reference and the MOPD teachers as params pytrees placed
 by the same sharding rules on the one mesh:
 
-  sample   prefill + `lax.while_loop` decode with the KV cache (`sampling.sample`): the rollout batch;
+  sample   prefill + `lax.while_loop` decode with the KV cache (`sampling.sample`): the rollout batch, or one
+           of its `--sample_chunks` chunks (`rollout.sample_chunks`);
   step     the on-policy update (`rl.update.policy_step`: GRPO's objective, AdamW, micro-batches, remat);
   teacher  one frozen role's pass over the training batch (`rl.update.FrozenRoles`: MOPD's teacher log-probs);
   judge    with `--judge=MODEL`: a generative judge of that size resident on the same mesh, and its verdict pass
@@ -85,6 +86,7 @@ class Shapes:
     prompt_len: int = 1024
     max_new: int = 3072
     micro_batches: int = 16
+    sample_chunks: int = 1  # rollout.sample_chunks: the sampler compiles prompts / sample_chunks prompts
     teachers: int = 2
     judge_batch: int = 64
     judge_len: int = 7168  # prompt_len + 2 x max_new / ... : the request and two whole responses
@@ -163,8 +165,8 @@ def _plan(name, cfg, mesh, axes, shapes, judge) -> dict:
     t0 = time.perf_counter()
     sample = jax.jit(functools.partial(sampling.sample, cfg=cfg, max_new_tokens=shapes.max_new, eos_id=2,
                                        num_samples=shapes.group))
-    prompts = batch_of(shapes.prompts, (shapes.prompt_len,), jnp.int32)
-    lens = batch_of(shapes.prompts, (), jnp.int32)
+    prompts = batch_of(shapes.prompts // shapes.sample_chunks, (shapes.prompt_len,), jnp.int32)
+    lens = batch_of(shapes.prompts // shapes.sample_chunks, (), jnp.int32)
     key = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=mesh_lib.replicated(mesh))
     programs["sample"] = (_compile(sample.lower(params, prompt_tokens=prompts, prompt_lens=lens, rng=key)),
                           resident["policy_state"] - _bytes(params) + resident["reference"] + resident["teachers"]

@@ -22,6 +22,9 @@ RUN_KEYS = {
     "model.d_model": "width", "model.n_layers": "layers", "model.n_heads": "query heads",
     "model.n_kv_heads": "key/value heads (grouped-query attention when fewer than n_heads)",
     "model.head_dim": "per-head width", "model.d_ff": "SwiGLU hidden width",
+    "model.attention": "self-attention of training and prefill passes: dense ([T, T] scores), blockwise (never "
+                       "T x T, backward included), or auto (blockwise when T > attention_block)",
+    "model.attention_block": "query/key block length of blockwise attention",
     "model.rope_theta": "rotary embedding base", "model.qk_norm": "RMSNorm on queries and keys (Qwen3)",
     "model.qkv_bias": "biases on the q/k/v projections (Qwen2)", "model.tie_embeddings": "output head = embedding",
     "model.dtype": "compute dtype: auto = bfloat16 on TPU/GPU, float32 on CPU",
@@ -96,6 +99,8 @@ STAGE_KEYS = {
     "rollout.length_curriculum": "((from_step, max_new_tokens), ...): the response limit by step (C1 math RL)",
     "rollout.temperature": "sampling temperature", "rollout.top_p": "nucleus sampling",
     "rollout.top_k": "top-k sampling (None: off)",
+    "rollout.sample_chunks": "sample the step's prompts in this many chunks in turn: the KV cache holds one chunk's "
+                             "rows (must divide prompts_per_step; 1 for episodes)",
     "objective.terms.<term>": "weight of an objective term (a float, 0 = off, or an optax schedule dict): pg, kl, "
                               "entropy, mopd, forward_kl, reverse_kl, gjsd, or one an experiment registers",
     "objective.aggregation": "token_mean (DAPO), seq_mean_token_mean or constant (Dr. GRPO)",

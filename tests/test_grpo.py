@@ -293,6 +293,21 @@ def test_rollout_source_samples_as_the_sampler_does_alone():
     np.testing.assert_array_equal(groups["rewards"], np.asarray(s.lengths).reshape(4, 3) % 3)
     assert set(stats) == {"generate_s", "score_s"} and stats["generate_s"] > 0
 
+    # rollout.sample_chunks=2: two sampler calls of two prompts each (keys folded by the chunk's first record),
+    # rows and groups in record order, scored once
+    seen.clear()
+    src = RolloutSource(ctx, _stage(rollout=dict(group_size=3, prompts_per_step=4, sample_chunks=2)), iter([]),
+                        epoch_len=4, scorer=scorer)
+    sampled, _ = src.sample(params, records, 5, rng)
+    assert seen == [["p0", "p1", "p2", "p3"]]
+    halves = [sampling.sample(params, cfg, toks[i:i + 2], lens[i:i + 2], jax.random.fold_in(rng, i), max_new_tokens=5,
+                              eos_id=1, pad_id=0, num_samples=3) for i in (0, 2)]
+    np.testing.assert_array_equal(np.asarray(sampled.rows.tokens)[:, -5:],
+                                  np.concatenate([np.asarray(h.tokens) for h in halves]))
+    np.testing.assert_array_equal(sampled.groups["rewards"].reshape(-1),
+                                  np.concatenate([np.asarray(h.lengths) for h in halves]) % 3)
+    assert sampled.rows.tokens.shape == (12, 128 + 5)
+
 
 def test_no_device_to_host_transfer_between_sampling_and_the_update():
     """From the sampler's rows to the updated state nothing leaves the device: the training batch, a frozen role's

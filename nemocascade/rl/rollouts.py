@@ -37,6 +37,9 @@ DEFAULTS = dict(
     max_new_tokens=96,  # response budget; `length_curriculum` ((start_step, max_new_tokens), ...) overrides it
     length_curriculum=(),  # in sub-stages, C1 math RL style
     temperature=1.0, top_p=1.0, top_k=None,  # top_k None: no top-k cut
+    # the prompts sampled in this many chunks in turn (each its own sampler call): the KV cache holds one chunk's
+    # rows x G x (prompt + response) at a time instead of the whole step's (the sampler's memory at real shapes)
+    sample_chunks=1,
 )
 
 
@@ -46,8 +49,11 @@ def problems(stage) -> list[str]:
     bad = unknown_keys("rollout", r, DEFAULTS)
     if bad:
         return bad
-    bad += [f"rollout.{k}={r[k]} must be >= 1" for k in ("prompts_per_step", "group_size", "max_new_tokens")
-            if r[k] < 1]
+    bad += [f"rollout.{k}={r[k]} must be >= 1" for k in ("prompts_per_step", "group_size", "max_new_tokens",
+                                                         "sample_chunks") if r[k] < 1]
+    if r.sample_chunks >= 1 and r.prompts_per_step % r.sample_chunks:
+        bad.append(f"rollout.sample_chunks={r.sample_chunks} must divide rollout.prompts_per_step="
+                   f"{r.prompts_per_step} (one sampler shape)")
     bad += [f"rollout.{k}={r[k]} must be None or >= 1" for k in ("max_prompt_len", "top_k")
             if r[k] is not None and r[k] < 1]
     curriculum = list(r.length_curriculum)
@@ -139,11 +145,18 @@ class RolloutSource:
         t0 = time.perf_counter()
         toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in records], max_prompt,
                                              thinking=ctx.cfg.thinking, bucket=sampling.PROMPT_BUCKET)
-        samples = sampling.sample(params, ctx.model_cfg, *shard_batch(ctx.mesh, (toks, lens)), rng,
-                                  max_new_tokens=max_new, eos_id=ctx.tokenizer.eos_id, pad_id=ctx.tokenizer.pad_id,
-                                  temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k, num_samples=G)
-        rows = to_rows(samples, width=max_prompt, pad_id=ctx.tokenizer.pad_id)
-        lengths, truncated, tokens, mask = to_host((samples.lengths, samples.truncated, samples.tokens, samples.mask))
+        per = -(-len(records) // ro.sample_chunks)  # (a refill round's fewer records: fewer chunks)
+        chunks = []
+        for i in range(0, len(records), per):
+            samples = sampling.sample(
+                params, ctx.model_cfg, *shard_batch(ctx.mesh, (toks[i:i + per], lens[i:i + per])),
+                rng if per == len(records) else jax.random.fold_in(rng, i), max_new_tokens=max_new,
+                eos_id=ctx.tokenizer.eos_id, pad_id=ctx.tokenizer.pad_id, temperature=ro.temperature, top_p=ro.top_p,
+                top_k=ro.top_k, num_samples=G)
+            chunks.append((to_rows(samples, width=max_prompt, pad_id=ctx.tokenizer.pad_id),
+                           to_host((samples.lengths, samples.truncated, samples.tokens, samples.mask))))
+        rows = chunks[0][0] if len(chunks) == 1 else Rows(*map(jnp.concatenate, zip(*(c[0] for c in chunks))))
+        lengths, truncated, tokens, mask = (np.concatenate(x) for x in zip(*(c[1] for c in chunks)))
         t1 = time.perf_counter()
         lengths, truncated = lengths.reshape(-1, G), truncated.reshape(-1, G)
         texts = chat.decode_responses(ctx.tokenizer, tokens, mask, ctx.cfg.thinking)

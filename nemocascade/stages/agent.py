@@ -57,6 +57,8 @@ def episode_problems(stage) -> list[str]:
     bad += [f"domains: {d!r} has no environment; set episodes.envs.{d} to one of {sorted(envs.ENVS)}"
             for d in stage.domains if d not in e.envs and envs.env_name(d) is None]
     max_new = stage.rollout.max_new_tokens
+    bad += [f"rollout.sample_chunks={stage.rollout.sample_chunks}: episodes run all their rows at once (1 only)"
+            ] if stage.rollout.sample_chunks != 1 else []
     bad += [f"episodes.max_total_tokens={e.max_total_tokens} must be None or >= rollout.max_new_tokens={max_new}"
             ] if e.max_total_tokens is not None and e.max_total_tokens < max_new else []
     return bad + ([f"episodes.max_obs_tokens={e.max_obs_tokens} must be >= 16"] if e.max_obs_tokens < 16 else [])
