@@ -20,6 +20,14 @@ V5E_HBM = 16 * 2**30
 @pytest.fixture(scope="module")
 def setup():
     from jax.experimental import topologies
+    # the suite's persistent cache (conftest) cannot load a deviceless TPU executable back: it would only warn
+    cache = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    yield _setup(topologies)
+    jax.config.update("jax_enable_compilation_cache", cache)
+
+
+def _setup(topologies):
     devices = topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices
     cfg = configs.load("cascade_math:tiny")
     model = ModelConfig.from_dict({**cfg.model.to_dict(), "vocab_size": cfg.tokenizer.vocab_size, "dtype": "bfloat16"})
