@@ -12,7 +12,8 @@ GRPO_STEPS = ("--config.stages.grpo.steps=4", "--config.stages.grpo.rollout.leng
 
 def test_cascade_math_tiny_end_to_end(tmp_path, run_cli):
     workdir = tmp_path / "run"
-    run_cli("cascade_math:tiny", workdir, *GRPO_STEPS)
+    proc = run_cli("cascade_math:tiny", workdir, *GRPO_STEPS)
+    assert "[grpo] preflight: sampler " in proc.stdout  # compiled at its largest shapes before the first step
     summary = json.load(open(workdir / "summary.json"))
     assert [s["name"] for s in summary["stages"]] == ["sft", "grpo"]
     test_n = distinct_items(configs.load("cascade_math:tiny"), "math", "test", 64)  # distinct problems of 64

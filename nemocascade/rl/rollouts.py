@@ -136,6 +136,14 @@ class RolloutSource:
                 out.append(rec)
         return out
 
+    def sampler(self, params, toks, lens, rng, max_new: int, lower: bool = False):
+        """The stage's sampler call on device prompts (`lower`: its lowering, for `preflight`)."""
+        ctx, ro = self.ctx, self.stage.rollout
+        fn = sampling.sample.lower if lower else sampling.sample
+        return fn(params, ctx.model_cfg, toks, lens, rng, max_new_tokens=max_new, eos_id=ctx.tokenizer.eos_id,
+                  pad_id=ctx.tokenizer.pad_id, temperature=ro.temperature, top_p=ro.top_p, top_k=ro.top_k,
+                  num_samples=self.G)
+
     def sample(self, params, records, max_new: int, rng) -> tuple[Rollouts, dict]:
         """Sample G rollouts per record from `params` and score them -> (Rollouts, stats) as in the module
         docstring. Every refill round is at the stage's full prompt width (left padding), so rounds concatenate;
@@ -148,11 +156,8 @@ class RolloutSource:
         per = -(-len(records) // ro.sample_chunks)  # (a refill round's fewer records: fewer chunks)
         chunks = []
         for i in range(0, len(records), per):
-            samples = sampling.sample(
-                params, ctx.model_cfg, *shard_batch(ctx.mesh, (toks[i:i + per], lens[i:i + per])),
-                rng if per == len(records) else jax.random.fold_in(rng, i), max_new_tokens=max_new,
-                eos_id=ctx.tokenizer.eos_id, pad_id=ctx.tokenizer.pad_id, temperature=ro.temperature, top_p=ro.top_p,
-                top_k=ro.top_k, num_samples=G)
+            samples = self.sampler(params, *shard_batch(ctx.mesh, (toks[i:i + per], lens[i:i + per])),
+                                   rng if per == len(records) else jax.random.fold_in(rng, i), max_new)
             chunks.append((to_rows(samples, width=max_prompt, pad_id=ctx.tokenizer.pad_id),
                            to_host((samples.lengths, samples.truncated, samples.tokens, samples.mask))))
         rows = chunks[0][0] if len(chunks) == 1 else Rows(*map(jnp.concatenate, zip(*(c[0] for c in chunks))))

@@ -89,6 +89,8 @@ class EpisodeSource(rollouts_lib.RolloutSource):
     """RolloutSource whose G rollouts per record are episodes in the record's environment, rewarded by it. The
     agent loop runs on the host (each turn is decoded for the environment), so its rows go to the device here."""
 
+    sampler = None  # episodes decode turn by turn (sampling.decode_turn), not in one sampler call: preflight skips it
+
     def sample(self, params, records, max_new: int, rng):
         ctx, stage = self.ctx, self.stage
         t = time.perf_counter()

@@ -285,6 +285,10 @@ class Trainer:
     def put(self, batch):
         return shard_batch(self.ctx.mesh, batch)
 
+    def lower_step(self, batch):
+        """The step lowered for `batch` (arrays or their shapes), as `update` would run it (`preflight`)."""
+        return self._step.lower(self.state, batch, *self._frozen)
+
     def update(self, batch, *args) -> dict[str, float]:
         """One jitted step; returns the step's metrics on the host. The data state snapshot advances
         together with the model state so a checkpoint never pairs mismatched ones."""

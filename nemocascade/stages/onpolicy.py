@@ -29,7 +29,7 @@ from collections import defaultdict
 import jax
 import numpy as np
 
-from nemocascade import checkpoint, objectives
+from nemocascade import checkpoint, objectives, preflight
 from nemocascade.rl import filters
 from nemocascade.rl import rollouts as rollouts_lib
 from nemocascade.rl import update
@@ -115,6 +115,7 @@ def run(ctx: common.RunContext, name: str, stage, params, source=one_turn, recor
     trainer = common.Trainer(ctx, name, stage, params, tx, loss, data_iter=data_iter,
                              extra_state_fns=(rollouts.state_dict, rollouts.load_state_dict), **step_options)
     with trainer:
+        preflight.onpolicy(ctx, name, stage, trainer, roles, rollouts)
         for step in trainer.steps():
             max_new = rollouts_lib.max_new_tokens_at(stage.rollout, step)
             rng = jax.random.fold_in(jax.random.wrap_key_data(trainer.state.rng), step)
