@@ -19,7 +19,8 @@ from nemocascade.stages import common, mopd, sft
 
 def _cfg():
     c = configs.load("cascade_math:tiny")
-    c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)  # what it checks is the driver
+    # what it checks is the driver, not the model
+    c.model.update(d_model=32, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=16, d_ff=64)
     c.eval.n = 16
     c.eval.sets = {"humaneval": dict(n=4, max_prompt_len=1024, max_new_tokens=8)}  # a real benchmark by name
     c.stages.sft.update(steps=40, eval_every=0, checkpoint_every=40)

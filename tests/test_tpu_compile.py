@@ -9,7 +9,7 @@ import ml_collections
 import pytest
 
 from nemocascade import configs, mesh as mesh_lib, objectives, optim, train_state
-from nemocascade.models import ModelConfig, forward_cached, init_cache, init_params, param_shardings
+from nemocascade.models import ModelConfig, forward, forward_cached, init_cache, init_params, param_shardings
 from nemocascade.rl import update
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
@@ -76,3 +76,15 @@ def test_decode_step_compiles_for_v5e(setup):
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
         _fits(step.trace(params, tokens=one, positions=one, valid=rows(B, (1,), jnp.bool_), cache=cache,
                          start=jax.ShapeDtypeStruct((), jnp.int32)).lower().compile())
+
+
+def test_auto_attention_is_splash_on_a_tpu_mesh_and_compiles(setup):
+    """A 1,024-token pass under the v5e mesh: model.attention="auto" picks the Pallas splash kernel (a Mosaic
+    custom call in the compiled program), forward and backward."""
+    devices, cfg, model, mesh, shard, params, rows = setup
+    tokens = rows(8, (1024,), jnp.int32)
+    loss = lambda p, t: jnp.mean(forward(p, model, t))  # noqa: E731
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+        compiled = jax.jit(jax.grad(loss)).trace(params, tokens).lower().compile()
+    assert "tpu_custom_call" in compiled.as_text()
+    _fits(compiled)

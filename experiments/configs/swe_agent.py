@@ -8,8 +8,9 @@ same token budget, after RL?
     rl_single  [side branch from sft] GRPO, one turn of up to BUDGET tokens, rewarded by executing every test (the
                swe_repair environment with max_turns=1 = C1/C2's execution reward swe_exec)
     rl_multi   [side branch from sft] an agent stage (GRPO over episodes), up to 3 turns in the swe_repair
-               environment (each turn <= 112 tokens; between turns the environment runs the shown test and answers "Fix the bug. <your code> Failing:
-               <test>, got <value>"), BUDGET tokens per episode in all, the observations counted
+               environment (each turn <= 112 tokens; between turns the environment runs the shown test and
+               answers "Fix the bug. <your code> Failing: <test>, got <value>"), BUDGET tokens per episode in all,
+               the observations counted
 
 After every stage both ways are scored on the same held-out problems (greedy, n = eval.n distinct):
 "swe@single" (one turn of BUDGET tokens) and "swe@multi" (the multi-turn budgets), with the turn distribution;

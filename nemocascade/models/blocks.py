@@ -77,9 +77,53 @@ def attention(q, k, v, mask):
 
 class SelfMask(NamedTuple):
     """The mask of a pass over its own tokens (training, scoring) by its parts, in place of a dense [B, T, T] one:
-    key s is visible to query t when s <= t and both lie in the same segment > 0 (`blockwise_attention`)."""
+    key s is visible to query t when s <= t and both lie in the same segment > 0 (`blockwise_attention`,
+    `splash_attention`)."""
     segment_ids: jax.Array  # [B, T] int32: 0 on padding; all real tokens 1 in an unpacked row
     block: int  # static: query and key block length
+    impl: str = "blockwise"  # static: "blockwise" (plain JAX, every backend) or "splash" (the Pallas TPU kernel)
+
+
+def splash_attention(q, k, v, segment_ids, block: int):
+    """`blockwise_attention`'s values from Pallas's splash attention kernel (`jax.experimental.pallas.ops.tpu`),
+    forward and backward, on TPU; in Pallas's interpret mode elsewhere (slow: for tests). GQA runs the kernel's MQA
+    form once per key head over that head's query group. T is padded to a multiple of `block` (a multiple of 128)
+    with segment 0. Under a mesh (`jax.sharding.use_abstract_mesh`) the kernel runs per device in a `shard_map`:
+    rows over the batch axes, heads over `tensor` when both head counts divide it."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    from nemocascade.mesh import logical_spec
+
+    B, T, H, Dh = q.shape
+    K = k.shape[2]
+    Tp = -(-T // block) * block
+    pad = lambda x: jnp.pad(x, ((0, 0), (0, Tp - T)) + ((0, 0),) * (x.ndim - 2))  # noqa: E731
+    q, k, v, seg = pad(q * jnp.asarray(Dh ** -0.5, q.dtype)), pad(k), pad(v), pad(segment_ids)
+    mesh = jax.sharding.get_abstract_mesh()
+    platform = jax.default_backend() if mesh.empty else mesh.abstract_device.platform
+    sizes = sk.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                          block_kv_dkv=block, block_kv_dkv_compute=block, block_q_dq=block, block_kv_dq=block)
+
+    def local(q, k, v, seg):  # q [b, T, h, Dh], k, v [b, T, kh, Dh], seg [b, T]: one device's rows and heads
+        G = q.shape[2] // k.shape[2]
+        kernel = sk.make_splash_mqa(sm.MultiHeadMask([sm.CausalMask((Tp, Tp))] * G), head_shards=1, q_seq_shards=1,
+                                    block_sizes=sizes, interpret=platform != "tpu")
+        qg = q.reshape(q.shape[0], Tp, k.shape[2], G, Dh).transpose(0, 2, 3, 1, 4)  # [b, kh, G, T, Dh]
+        kg, vg = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [b, kh, T, Dh]
+        per_head = jax.vmap(kernel, in_axes=(0, 0, 0, None))  # over key heads; the row's segments shared
+        out = jax.vmap(lambda q, k, v, s: per_head(q, k, v, sk.SegmentIds(s, s)))(qg, kg, vg, seg)
+        return out.transpose(0, 3, 1, 2, 4).reshape(q.shape)
+
+    if mesh.empty:
+        out = local(q, k, v, seg)
+    else:
+        heads = "heads" if logical_spec(mesh, ("heads",), (H,))[0] == logical_spec(mesh, ("kv_heads",), (K,))[0] \
+            else None
+        qs, ks = (logical_spec(mesh, ("batch", None, heads, None), x.shape) for x in (q, k))
+        out = jax.shard_map(local, mesh=mesh, in_specs=(qs, ks, ks, logical_spec(mesh, ("batch", None), seg.shape)),
+                            out_specs=qs, check_vma=False)(q, k, v, seg)
+    return out[:, :T]
 
 
 def _blocked(q, k, v, segment_ids, block):
@@ -362,5 +406,6 @@ def attend(cfg: ModelConfig, h, p, positions, mask, kv=None, start=None):
             visible = lambda c: jax.lax.dynamic_slice(c, (layer, 0, 0, 0, 0), (1, c.shape[1], S) + c.shape[3:])[0]  # noqa: E731
             k, v = visible(ck), visible(cv)
     if isinstance(mask, SelfMask):
-        return jnp.einsum("bthk,hkd->btd", blockwise_attention(q, k, v, mask.segment_ids, mask.block), w("wo")), kv
+        attn = splash_attention if mask.impl == "splash" else blockwise_attention
+        return jnp.einsum("bthk,hkd->btd", attn(q, k, v, mask.segment_ids, mask.block), w("wo")), kv
     return jnp.einsum("bthk,hkd->btd", attention(q, k, v, mask), w("wo")), kv

@@ -61,9 +61,10 @@ class ModelConfig:
     param_dtype: str = "float32"
     init_std: float = 0.02
     remat: bool = False  # rematerialise each layer in the backward pass (memory for compute)
-    # self-attention of a training or scoring pass: "dense" holds [T, T] scores; "blockwise" queries and keys
-    # `attention_block` at a time, never T x T, in the backward pass too (`blocks.blockwise_attention`); "auto":
-    # blockwise when T > attention_block, else dense. sampling has its own (`sampling.attn_chunk`)
+    # self-attention of a training, scoring or prefill pass: "dense" holds [T, T] scores; "blockwise" queries and
+    # keys `attention_block` at a time, never T x T, in the backward pass too (`blocks.blockwise_attention`);
+    # "splash" the same through Pallas's TPU kernel (interpret mode elsewhere: tests); "auto": dense up to
+    # attention_block tokens, then splash on TPU, blockwise elsewhere (`self_mask`). Decode: `sampling.attn_chunk`
     attention: str = "auto"
     attention_block: int = 512
     # mixture of experts (Qwen3-MoE): n_experts > 0 replaces every layer's MLP by n_experts routed SwiGLU experts of
@@ -117,9 +118,12 @@ class ModelConfig:
                              f"{self.n_experts} and be >= model.topk_groups={self.topk_groups}")
         if self.layer_pattern:
             hybrid.check(self)
-        if self.attention not in ("auto", "dense", "blockwise") or self.attention_block <= 0:
-            raise ValueError(f"model.attention={self.attention!r} must be 'auto', 'dense' or 'blockwise' and "
+        if self.attention not in ("auto", "dense", "blockwise", "splash") or self.attention_block <= 0:
+            raise ValueError(f"model.attention={self.attention!r} must be 'auto', 'dense', 'blockwise' or 'splash' and "
                              f"model.attention_block={self.attention_block} positive")
+        if self.attention in ("auto", "splash") and self.attention_block % 128:
+            raise ValueError(f"model.attention_block={self.attention_block} must be a multiple of 128 (splash "
+                             "attention's tiles)")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"model.n_heads={self.n_heads} must be a multiple of model.n_kv_heads={self.n_kv_heads}")
         if self.head_dim % 2:
@@ -269,9 +273,18 @@ def lm_head(params: Params, cfg: ModelConfig, h):
     return jnp.einsum("btd,dv->btv", h, head.astype(jnp.dtype(cfg.dtype)), preferred_element_type=jnp.float32)
 
 
-def blockwise(cfg: ModelConfig, T: int) -> bool:
-    """Whether a pass over T of its own tokens attends blockwise (`ModelConfig.attention`)."""
-    return cfg.attention == "blockwise" or (cfg.attention == "auto" and T > cfg.attention_block)
+def self_mask(cfg: ModelConfig, segment_ids) -> SelfMask | None:
+    """How a pass over its own T tokens attends (`ModelConfig.attention`): a SelfMask for blockwise or splash
+    attention, or None for dense. "auto" is dense up to `attention_block` tokens, then splash on TPU (the backend of
+    the mesh being traced, else JAX's) and blockwise elsewhere."""
+    T, impl = segment_ids.shape[1], cfg.attention
+    if impl == "auto":
+        if T <= cfg.attention_block:
+            return None
+        mesh = jax.sharding.get_abstract_mesh()
+        impl = "splash" if (jax.default_backend() if mesh.empty else mesh.abstract_device.platform) == "tpu" \
+            else "blockwise"
+    return None if impl == "dense" else SelfMask(segment_ids, cfg.attention_block, impl)
 
 
 def forward_hidden(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None, segment_ids=None,
@@ -287,9 +300,10 @@ def forward_hidden(params: Params, cfg: ModelConfig, tokens, positions=None, val
     if segment_ids is not None and "M" in cfg.layer_pattern:
         raise ValueError("packed rows (segment_ids) with Mamba-2 layers: the recurrent state would carry from one "
                          "sequence into the next; train this model with pack=False")
-    if blockwise(cfg, T):
-        seg = jnp.where(valid, 1 if segment_ids is None else segment_ids, 0).astype(jnp.int32)
-        mask, valid = SelfMask(seg, cfg.attention_block), seg > 0
+    seg = jnp.where(valid, 1 if segment_ids is None else segment_ids, 0).astype(jnp.int32)
+    mask = self_mask(cfg, seg)
+    if mask is not None:
+        valid = seg > 0
     else:
         mask = jnp.tril(jnp.ones((T, T), bool))[None] & valid[:, None, :]
         if segment_ids is not None:
@@ -360,8 +374,10 @@ def forward_cached(params: Params, cfg: ModelConfig, tokens, positions, valid, c
     """
     T = tokens.shape[1]
     kv_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, valid, start, axis=1)
-    if isinstance(start, int) and start == 0 and seen == T and blockwise(cfg, T):  # a long prompt's prefill
-        mask = SelfMask(valid.astype(jnp.int32), cfg.attention_block)
+    prefill = self_mask(cfg, valid.astype(jnp.int32)) if isinstance(start, int) and start == 0 and seen == T \
+        else None
+    if prefill is not None:  # a long prompt's prefill attends as training does
+        mask = prefill
     elif chunk and cache.valid.shape[1] > chunk:  # (a cache of one chunk is read whole, without the loop)
         mask = CachedMask(kv_valid, chunk)
     else:
