@@ -22,6 +22,14 @@ does not take as an argument. The plan's number is the largest peak over the thr
 compile's accounting (the TPU/GPU compilers fuse differently, so read it as an estimate to within tens of
 percent, not a guarantee), and it leaves out the runtime's own reserve. Fits: the accelerator memory sizes in
 ACCELERATORS that hold the peak with 10% to spare.
+
+`--target=tpu:TOPOLOGY` compiles with the TPU compiler for that topology's chips instead (no TPU needed): its
+accounting is the TPU's own, and a program that does not fit a chip is the compiler's refusal, printed as a row.
+Each program's peak is printed against its floor (`floors`: the resident roles and state plus what the program
+cannot do without). `--json` writes {"results": [{"model", "topology", "shapes", "programs": {NAME: {"peak_gib",
+"fits", "floor_gib", "optimal_s", "flops", "bytes", "error", ...}}}]}; optimal_s, flops and bytes are the
+compiler's and count a loop's body once (the layer scan, the micro-batch scan, decode), so they are not the
+program's whole cost.
 """
 from __future__ import annotations
 
@@ -106,8 +114,25 @@ def _abstract(tree, shardings):
 
 
 def _analysis(compiled) -> dict:
-    m = compiled.memory_analysis()
-    return {k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")}
+    m, c = compiled.memory_analysis(), compiled.cost_analysis()
+    c = (c[0] if isinstance(c, list) else c) or {}
+    return {**{k: int(getattr(m, f"{k}_size_in_bytes")) for k in ("argument", "output", "temp", "alias")},
+            "flops": c.get("flops"), "bytes": c.get("bytes accessed"), "optimal_s": c.get("optimal_seconds")}
+
+
+def floors(cfg: ModelConfig, mesh, shapes: Shapes, param_bytes: int) -> dict:
+    """Each program's analytic memory floor per device, besides the resident roles: what it cannot do without.
+    sample: its params and one chunk's KV cache; step and micro_batch: float32 gradients and remat's saved layer
+    inputs (bfloat16) for one micro-batch; teacher and judge: nothing beyond their params (one layer at a time)."""
+    dp = math.prod(mesh.shape[a] for a in mesh_lib.RULES["batch"] if a in mesh.shape)
+    width = shapes.prompt_len + shapes.max_new
+    attn_layers = cfg.layer_pattern.count("*") if cfg.layer_pattern else cfg.n_layers
+    kv_heads = cfg.n_kv_heads / (mesh.shape["tensor"] if cfg.n_kv_heads % mesh.shape["tensor"] == 0 else 1)
+    kv = shapes.prompts // shapes.sample_chunks * shapes.group / dp * width * attn_layers * kv_heads * cfg.head_dim * 4
+    rows = shapes.prompts * shapes.group / shapes.micro_batches / dp
+    acts = rows * width * cfg.d_model * 2 * cfg.n_layers
+    return {"sample": param_bytes + kv, "step": param_bytes + acts, "micro_batch": param_bytes + acts,
+            "teacher": param_bytes, "judge": 0}
 
 
 def target_devices(target: str) -> list:
@@ -203,13 +228,21 @@ def _plan(name, cfg, mesh, axes, shapes, judge) -> dict:
                              resident["policy_state"] + resident["reference"] + resident["teachers"])
     out["compile_s"] = time.perf_counter() - t0
     out["programs"] = {}
+    # the step and its micro-batch take the policy state as their argument; the others see it resident
+    floor = floors(cfg, mesh, shapes, _bytes(params))
+    deviceless = mesh.devices.flat[0].platform != "cpu"  # a TPU topology: the compiler refuses what does not fit
     for prog, (m, others) in programs.items():
+        base = {"floor_gib": (floor[prog] + others + (resident["policy_state"] if prog in ("step", "micro_batch")
+                                                     else 0)) / GiB,
+                "fits": ("error" not in m) if deviceless else None}
         if "error" in m:
-            out["programs"][prog] = {**m, "peak": float("inf")}
+            out["programs"][prog] = {**m, **base, "peak": float("inf"), "peak_gib": None}
             continue
         peak = m["argument"] + m["temp"] + m["output"] - m["alias"] + others
-        out["programs"][prog] = {**{k: v / GiB for k, v in m.items()}, "others_resident": others / GiB,
-                                 "peak": peak / GiB}
+        sizes = {k: m[k] / GiB for k in ("argument", "output", "temp", "alias")}
+        out["programs"][prog] = {**sizes, **base, "flops": m["flops"], "bytes": m["bytes"], "optimal_s": m["optimal_s"],
+                                 "others_resident": others / GiB, "peak": peak / GiB, "peak_gib": peak / GiB,
+                                 "error": None}
     out["peak_gib"] = max(p["peak"] for p in out["programs"].values())
     out["fits"] = [a for a, gib in ACCELERATORS.items() if out["peak_gib"] * 1.1 <= gib]
     return out
@@ -240,11 +273,11 @@ def main():
     header = (f"| model | target | mesh | params (B) | sample | step | one micro-batch | teacher pass |{judged} "
               "peak / device | fits (10% spare) |")
     print(header + "\n|:--|:--|:--|--:|--:|--:|--:|--:|" + ("--:|" if args.judge else "") + "--:|:--|", flush=True)
-    cell = lambda p: p.get("error", f"{p['peak']:.1f} GiB")  # noqa: E731
+    cell = lambda p: p["error"] or f"{p['peak']:.1f} GiB ({p['peak'] / p['floor_gib']:.2f}x floor)"  # noqa: E731
     for name, cfg in models.items():
         for target in targets:
             r = plan(name, cfg, target_devices(target), shapes, args.judge)
-            results.append({**r, "target": target})
+            results.append({**r, "target": target, "topology": target, "shapes": dataclasses.asdict(shapes)})
             mesh = " x ".join(f"{k} {v}" for k, v in r["mesh"].items())
             p = r["programs"]
             print(f"| {name} | {target} | {mesh} | {r['params_b']:.1f} | {cell(p['sample'])} | {cell(p['step'])} | "
