@@ -309,6 +309,50 @@ class RouterStats(NamedTuple):
     rows: jax.Array    # []
 
 
+def _routed(cfg: ModelConfig, flat, top_e, top_p, w):
+    """The routed experts' output [N, D] for tokens `flat` [N, D] and their chosen experts and weights [N, k]: the
+    (token, expert) pairs sorted by expert, a grouped matmul per projection (`lax.ragged_dot`), weighted, summed
+    back per token."""
+    k = top_e.shape[1]
+    expert = top_e.reshape(-1)  # the N*k (token, expert) pairs, token-major
+    order = jnp.argsort(expert, stable=True)
+    token = order // k
+    sizes = jnp.bincount(expert, length=cfg.n_experts).astype(jnp.int32)
+    xs = flat[token]
+    up = jax.lax.ragged_dot(xs, w["we_up"], sizes)
+    hidden = (jnp.square(jax.nn.relu(up)) if cfg.mlp_act == "relu2"
+              else jax.nn.silu(jax.lax.ragged_dot(xs, w["we_gate"], sizes)) * up)
+    ys = jax.lax.ragged_dot(hidden, w["we_down"], sizes)
+    ys = ys * top_p.reshape(-1)[order][:, None].astype(ys.dtype)
+    return jnp.zeros_like(flat).at[token].add(ys)
+
+
+def _routed_per_device(cfg: ModelConfig, flat, top_e, top_p, w):
+    """`_routed` on each device's own tokens (a `shard_map` over the mesh being traced, tokens over the batch axes):
+    every device sorts only its tokens' pairs, and gathers each layer's expert weights whole (as FSDP gathers a
+    dense layer's), their gradients reduce-scattered back. Left to itself XLA replicates the global sort of every
+    (token, expert) pair on every device. No all-to-all: the experts' weights travel, not the tokens. Without a mesh
+    (or tokens that do not split over it): `_routed` as it is."""
+    from nemocascade.mesh import RULES, logical_spec
+
+    mesh = jax.sharding.get_abstract_mesh()
+    rows = None if mesh.empty else logical_spec(mesh, ("batch", None), flat.shape)
+    if rows is None or rows[0] is None:
+        return _routed(cfg, flat, top_e, top_p, w)
+    specs = {n: logical_spec(mesh, ("experts", "embed", "mlp") if n != "we_down" else ("experts", "mlp", "embed"),
+                             x.shape, RULES) for n, x in w.items()}
+
+    def local(flat, top_e, top_p, w):
+        for n, spec in specs.items():
+            for dim, axes in enumerate(spec):
+                if axes is not None:
+                    w[n] = jax.lax.all_gather(w[n], axes, axis=dim, tiled=True)
+        return _routed(cfg, flat, top_e, top_p, w)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(rows, rows, rows, specs), out_specs=rows,
+                         check_vma=False)(flat, top_e, top_p, w)
+
+
 def moe(cfg: ModelConfig, x, p, dt, tok_valid):
     """Routed experts, dropless: every token reaches its `n_experts_per_tok` experts (`route`, in float32), as a
     grouped matmul over the (token, expert) pairs sorted by expert (`lax.ragged_dot`), plus the shared expert.
@@ -321,17 +365,9 @@ def moe(cfg: ModelConfig, x, p, dt, tok_valid):
     logits = (jnp.einsum("nd,de->ne", flat.astype(jnp.float32), router.astype(jnp.float32)) if cfg.router == "sigmoid"
               else jnp.einsum("nd,de->ne", flat, router.astype(dt), preferred_element_type=jnp.float32))
     probs, top_e, top_p = route(cfg, logits, p)  # [N, E], [N, k], [N, k]
-    expert = top_e.reshape(-1)  # the N*k (token, expert) pairs, token-major
-    order = jnp.argsort(expert, stable=True)
-    token = order // k
-    sizes = jnp.bincount(expert, length=E).astype(jnp.int32)
-    xs = flat[token]
-    up = jax.lax.ragged_dot(xs, p["we_up"].astype(dt), sizes)
-    hidden = (jnp.square(jax.nn.relu(up)) if cfg.mlp_act == "relu2"
-              else jax.nn.silu(jax.lax.ragged_dot(xs, p["we_gate"].astype(dt), sizes)) * up)
-    ys = jax.lax.ragged_dot(hidden, p["we_down"].astype(dt), sizes)
-    ys = ys * top_p.reshape(-1)[order][:, None].astype(ys.dtype)
-    out = jnp.zeros_like(flat).at[token].add(ys).reshape(B, T, D)
+    weights = {n: p[n].astype(dt) for n in ("we_up", "we_gate", "we_down") if n in p}
+    out = _routed_per_device(cfg, flat, top_e, top_p, weights).reshape(B, T, D)
+    expert = top_e.reshape(-1)
     if cfg.d_ff_shared:
         out = out + mlp(cfg, x, p, "ws_", dt)
     w = tok_valid.reshape(-1).astype(jnp.float32)
