@@ -23,8 +23,10 @@ RUN_KEYS = {
     "model.n_kv_heads": "key/value heads (grouped-query attention when fewer than n_heads)",
     "model.head_dim": "per-head width", "model.d_ff": "SwiGLU hidden width",
     "model.attention": "self-attention of training and prefill passes: dense ([T, T] scores), blockwise (never "
-                       "T x T, backward included), or auto (blockwise when T > attention_block)",
-    "model.attention_block": "query/key block length of blockwise attention",
+                       "T x T, backward included), splash (Pallas's TPU kernel), or auto (dense up to "
+                       "attention_block tokens, then splash on TPU, blockwise elsewhere)",
+    "model.attention_block": "query/key block length of blockwise and splash attention (auto, splash: a multiple "
+                             "of 128)",
     "model.rope_theta": "rotary embedding base", "model.qk_norm": "RMSNorm on queries and keys (Qwen3)",
     "model.qkv_bias": "biases on the q/k/v projections (Qwen2)", "model.tie_embeddings": "output head = embedding",
     "model.dtype": "compute dtype: auto = bfloat16 on TPU/GPU, float32 on CPU",
