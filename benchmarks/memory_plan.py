@@ -61,6 +61,10 @@ from nemocascade.rl import update  # noqa: E402
 GiB = 2 ** 30
 # the published configs (config.json of each checkpoint); compute in bfloat16, params and AdamW moments in float32
 MODELS = {
+    # smollm2_cascade's model as its GGUF describes it (models/gguf.config_from_gguf), as a run loads it: float32
+    # params, bfloat16 compute on an accelerator, no remat (the shipped config sets none)
+    "smollm2-135m": ModelConfig(vocab_size=49152, d_model=576, n_layers=30, n_heads=9, n_kv_heads=3, head_dim=64,
+                                d_ff=1536, rope_theta=100000.0, norm_eps=1e-5, tie_embeddings=True, dtype="bfloat16"),
     "qwen3-8b": ModelConfig(vocab_size=151936, d_model=4096, n_layers=36, n_heads=32, n_kv_heads=8, head_dim=128,
                             d_ff=12288, rope_theta=1e6, qk_norm=True, dtype="bfloat16", remat=True),
     "qwen3-30b-a3b": ModelConfig(vocab_size=151936, d_model=2048, n_layers=48, n_heads=32, n_kv_heads=4, head_dim=128,
@@ -79,7 +83,7 @@ MODELS = {
 }
 # devices -> mesh per model kind: FSDP everywhere, tensor parallel from 16 devices, experts split from 8 (MoE)
 MESHES = {
-    "dense": {8: {"fsdp": 8}, 16: {"fsdp": 8, "tensor": 2}, 64: {"fsdp": 16, "expert": 2, "tensor": 2}},
+    "dense": {1: {"fsdp": 1}, 8: {"fsdp": 8}, 16: {"fsdp": 8, "tensor": 2}, 64: {"fsdp": 16, "expert": 2, "tensor": 2}},
     "moe": {8: {"fsdp": 4, "expert": 2}, 16: {"fsdp": 4, "expert": 4}, 64: {"fsdp": 8, "expert": 8}},
 }
 ACCELERATORS = {"TPU v5e 16G": 16, "TPU v4 32G": 32, "A100 40G": 40, "A100/H100 80G": 80, "TPU v5p 95G": 95,
@@ -141,9 +145,11 @@ def target_devices(target: str) -> list:
     kind, _, rest = target.partition(":")
     if kind == "cpu":
         return jax.devices("cpu")[:int(rest)]
-    if kind == "tpu":
+    if kind == "tpu":  # tpu:TOPOLOGY, or tpu:TOPOLOGY:N for its first N chips (tpu:v5e:2x2:1: one chip)
         from jax.experimental import topologies
-        return topologies.get_topology_desc(platform="tpu", topology_name=rest).devices
+        name, _, n = rest.rpartition(":") if rest.count(":") == 2 else (rest, "", "")
+        devices = topologies.get_topology_desc(platform="tpu", topology_name=name).devices
+        return devices[:int(n)] if n else devices
     raise SystemExit(f"--target={target!r}: expected cpu:N or tpu:TOPOLOGY (e.g. tpu:v5p:4x4x4)")
 
 
@@ -250,9 +256,9 @@ def _plan(name, cfg, mesh, axes, shapes, judge) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--models", default=",".join(m for m in MODELS if m != "smollm2-135m"))
     ap.add_argument("--meshes", default="8,16,64", help="fake CPU device counts (each <= 64), without --target")
-    ap.add_argument("--target", default="", help="tpu:TOPOLOGY (e.g. tpu:v5p:4x4x4) or cpu:N; overrides --meshes")
+    ap.add_argument("--target", default="", help="tpu:TOPOLOGY[:N] (e.g. tpu:v5p:4x4x4) or cpu:N; overrides --meshes")
     ap.add_argument("--attention", default="", help="model.attention for every model: auto, dense or blockwise")
     ap.add_argument("--json", default="")
     ap.add_argument("--judge", default="", help="a model of MODELS as a generative judge beside the policy")
