@@ -259,7 +259,8 @@ def main():
     ap.add_argument("--models", default=",".join(m for m in MODELS if m != "smollm2-135m"))
     ap.add_argument("--meshes", default="8,16,64", help="fake CPU device counts (each <= 64), without --target")
     ap.add_argument("--target", default="", help="tpu:TOPOLOGY[:N] (e.g. tpu:v5p:4x4x4) or cpu:N; overrides --meshes")
-    ap.add_argument("--attention", default="", help="model.attention for every model: auto, dense or blockwise")
+    ap.add_argument("--attention", default="", help="model.attention for every model: auto, dense, blockwise, splash")
+    ap.add_argument("--remat", default="", choices=("", "true", "false"), help="model.remat for every model")
     ap.add_argument("--json", default="")
     ap.add_argument("--judge", default="", help="a model of MODELS as a generative judge beside the policy")
     for f in dataclasses.fields(Shapes):
@@ -271,8 +272,9 @@ def main():
     if unknown:
         sys.exit(f"--models: unknown {unknown}; known {sorted(MODELS)}")
     targets = [args.target] if args.target else [f"cpu:{d}" for d in args.meshes.split(",")]
-    models = {n: dataclasses.replace(MODELS[n], **({"attention": args.attention} if args.attention else {}))
-              for n in args.models.split(",")}
+    over = ({"attention": args.attention} if args.attention else {}) | ({"remat": args.remat == "true"}
+                                                                       if args.remat else {})
+    models = {n: dataclasses.replace(MODELS[n], **over) for n in args.models.split(",")}
     print(f"shapes: {shapes}; targets {targets}; attention {args.attention or 'as each model says'}")
     results = []
     judged = f" judge pass ({args.judge}) |" if args.judge else ""
