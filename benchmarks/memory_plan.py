@@ -55,8 +55,9 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from nemocascade import mesh as mesh_lib  # noqa: E402
 from nemocascade import objectives, optim, sampling, train_state  # noqa: E402
+from nemocascade.preflight import tree_bytes_per_device as _bytes  # noqa: E402
 from nemocascade.models import ModelConfig, init_params, param_shardings  # noqa: E402
-from nemocascade.rl import update  # noqa: E402
+from nemocascade.rl import rollouts, update  # noqa: E402
 
 GiB = 2 ** 30
 # the published configs (config.json of each checkpoint); compute in bfloat16, params and AdamW moments in float32
@@ -102,15 +103,6 @@ class Shapes:
     teachers: int = 2
     judge_batch: int = 64
     judge_len: int = 7168  # prompt_len + 2 x max_new / ... : the request and two whole responses
-
-
-def _bytes(tree) -> int:
-    """Per-device bytes of abstract arrays with shardings (each device's shard)."""
-    total = 0
-    for x in jax.tree.leaves(tree):
-        shard = x.sharding.shard_shape(x.shape) if hasattr(x, "sharding") and x.sharding is not None else x.shape
-        total += math.prod(shard) * jnp.dtype(x.dtype).itemsize
-    return total
 
 
 def _abstract(tree, shardings):
@@ -206,15 +198,11 @@ def _plan(name, cfg, mesh, axes, shapes, judge) -> dict:
     objective = objectives.build(dict(terms={"pg": 1.0}))
     step = jax.jit(update.policy_step(tx, model_cfg=cfg, objective=objective, micro_batches=shapes.micro_batches),
                    donate_argnums=0)
-    batch = {"tokens": batch_of(rows, (width,), jnp.int32), "valid": batch_of(rows, (width,), jnp.bool_),
-             "positions": batch_of(rows, (width,), jnp.int32), "mask": batch_of(rows, (width - 1,), jnp.float32),
-             "sampler_logp": batch_of(rows, (width - 1,), jnp.float32), "domain_idx": batch_of(rows, (), jnp.int32),
-             "rewards": batch_of(shapes.prompts, (shapes.group,), jnp.float32),
-             "truncated": batch_of(shapes.prompts, (shapes.group,), jnp.bool_)}
+    batch = rollouts.batch_shapes(mesh, shapes.prompts, shapes.group, width)
     programs["step"] = (_compile(step.lower(state, batch)), resident["reference"] + resident["teachers"] + judge_b)
     micro = jax.jit(update.policy_step(tx, model_cfg=cfg, objective=objective), donate_argnums=0)
     n_micro = shapes.prompts // shapes.micro_batches  # one micro-batch's prompts, each with its whole group
-    one = {k: batch_of(x.shape[0] * n_micro // shapes.prompts, x.shape[1:], x.dtype) for k, x in batch.items()}
+    one = rollouts.batch_shapes(mesh, n_micro, shapes.group, width)
     programs["micro_batch"] = (_compile(micro.lower(state, one)), resident["reference"] + resident["teachers"]
                                + judge_b)
 

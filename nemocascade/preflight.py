@@ -9,6 +9,7 @@ and fragmentation are not counted: fitting here is necessary, not a guarantee.
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 
@@ -36,7 +37,8 @@ def peak(compiled) -> int:
 
 
 def tree_bytes_per_device(tree) -> int:
-    return sum(x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(tree))
+    """Bytes of one device's shard of every array of `tree` (arrays, or abstract ones with shardings)."""
+    return sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
 def check(name: str, programs, limit: int | None = None) -> dict:
@@ -65,11 +67,7 @@ def onpolicy(ctx, name, stage, trainer, roles, source) -> dict:
     max_new = max([ro.max_new_tokens] + [n for _, n in ro.length_curriculum])
     width = rollouts_lib.prompt_width(stage, ctx) + max_new
     rows = lambda n, shape, dt: jax.ShapeDtypeStruct((n, *shape), dt, sharding=batch_sharding(mesh, 1 + len(shape), n))  # noqa: E731
-    N = B * G
-    batch = {"tokens": rows(N, (width,), jnp.int32), "valid": rows(N, (width,), jnp.bool_),
-             "positions": rows(N, (width,), jnp.int32), "mask": rows(N, (width - 1,), jnp.float32),
-             "sampler_logp": rows(N, (width - 1,), jnp.float32), "rewards": rows(B, (G,), jnp.float32),
-             "truncated": rows(B, (G,), jnp.bool_), "domain_idx": rows(N, (), jnp.int32)}
+    batch = rollouts_lib.batch_shapes(mesh, B, G, width)
     frozen = jax.eval_shape(roles, batch)
     batch |= {k: rows(x.shape[0], x.shape[1:], x.dtype) for k, x in frozen.items()}
     roles_bytes = sum(tree_bytes_per_device(p) for p in (*roles.teachers, roles.reference) if p is not None)

@@ -10,7 +10,7 @@ import pytest
 
 from nemocascade import configs, mesh as mesh_lib, objectives, optim, train_state
 from nemocascade.models import ModelConfig, forward, forward_cached, init_cache, init_params, param_shardings
-from nemocascade.rl import update
+from nemocascade.rl import rollouts, update
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                                 reason='libtpu absent: pip install -e ".[tpu]" (.ci/run does)')
@@ -57,11 +57,7 @@ def test_on_policy_step_compiles_for_v5e(setup):
                          train_state.shardings(state_shape, shard, mesh))
     step = jax.jit(update.policy_step(tx, model_cfg=model, objective=objectives.build(dict(terms={"pg": 1.0}))),
                    donate_argnums=0)
-    N = P * G
-    batch = {"tokens": rows(N, (W,), jnp.int32), "valid": rows(N, (W,), jnp.bool_),
-             "positions": rows(N, (W,), jnp.int32), "mask": rows(N, (W - 1,), jnp.float32),
-             "sampler_logp": rows(N, (W - 1,), jnp.float32), "domain_idx": rows(N, (), jnp.int32),
-             "rewards": rows(P, (G,), jnp.float32), "truncated": rows(P, (G,), jnp.bool_)}
+    batch = rollouts.batch_shapes(mesh, P, G, W)
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):  # as a run traces it (activations pinned on the mesh)
         _fits(step.trace(state, batch).lower().compile())
 

@@ -80,7 +80,6 @@ class SelfMask(NamedTuple):
     key s is visible to query t when s <= t and both lie in the same segment > 0 (`blockwise_attention`,
     `splash_attention`)."""
     segment_ids: jax.Array  # [B, T] int32: 0 on padding; all real tokens 1 in an unpacked row
-    block: int  # static: query and key block length
     impl: str = "blockwise"  # static: "blockwise" (plain JAX, every backend) or "splash" (the Pallas TPU kernel)
 
 
@@ -443,5 +442,5 @@ def attend(cfg: ModelConfig, h, p, positions, mask, kv=None, start=None):
             k, v = visible(ck), visible(cv)
     if isinstance(mask, SelfMask):
         attn = splash_attention if mask.impl == "splash" else blockwise_attention
-        return jnp.einsum("bthk,hkd->btd", attn(q, k, v, mask.segment_ids, mask.block), w("wo")), kv
+        return jnp.einsum("bthk,hkd->btd", attn(q, k, v, mask.segment_ids, cfg.attention_block), w("wo")), kv
     return jnp.einsum("bthk,hkd->btd", attention(q, k, v, mask), w("wo")), kv

@@ -284,7 +284,7 @@ def self_mask(cfg: ModelConfig, segment_ids) -> SelfMask | None:
         mesh = jax.sharding.get_abstract_mesh()
         impl = "splash" if (jax.default_backend() if mesh.empty else mesh.abstract_device.platform) == "tpu" \
             else "blockwise"
-    return None if impl == "dense" else SelfMask(segment_ids, cfg.attention_block, impl)
+    return None if impl == "dense" else SelfMask(segment_ids, impl)
 
 
 def forward_hidden(params: Params, cfg: ModelConfig, tokens, positions=None, valid=None, segment_ids=None,
@@ -302,13 +302,11 @@ def forward_hidden(params: Params, cfg: ModelConfig, tokens, positions=None, val
                          "sequence into the next; train this model with pack=False")
     seg = jnp.where(valid, 1 if segment_ids is None else segment_ids, 0).astype(jnp.int32)
     mask = self_mask(cfg, seg)
-    if mask is not None:
-        valid = seg > 0
-    else:
+    if mask is None:
         mask = jnp.tril(jnp.ones((T, T), bool))[None] & valid[:, None, :]
         if segment_ids is not None:
             mask = mask & (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids > 0)[:, None, :]
-            valid = valid & (segment_ids > 0)
+    valid = seg > 0  # the real tokens (the router statistics count them)
     h, _, stats = _decoder(params, cfg, tokens, positions, mask, tok_valid=valid)
     if not with_aux:
         return h

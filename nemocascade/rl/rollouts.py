@@ -154,14 +154,12 @@ class RolloutSource:
         toks, lens = pipeline.encode_prompts(ctx.tokenizer, [r["prompt"] for r in records], max_prompt,
                                              thinking=ctx.cfg.thinking, bucket=sampling.PROMPT_BUCKET)
         per = -(-len(records) // ro.sample_chunks)  # (a refill round's fewer records: fewer chunks)
-        chunks = []
-        for i in range(0, len(records), per):
-            samples = self.sampler(params, *shard_batch(ctx.mesh, (toks[i:i + per], lens[i:i + per])),
-                                   rng if per == len(records) else jax.random.fold_in(rng, i), max_new)
-            chunks.append((to_rows(samples, width=max_prompt, pad_id=ctx.tokenizer.pad_id),
-                           to_host((samples.lengths, samples.truncated, samples.tokens, samples.mask))))
-        rows = chunks[0][0] if len(chunks) == 1 else Rows(*map(jnp.concatenate, zip(*(c[0] for c in chunks))))
-        lengths, truncated, tokens, mask = (np.concatenate(x) for x in zip(*(c[1] for c in chunks)))
+        chunks = [self.sampler(params, *shard_batch(ctx.mesh, (toks[i:i + per], lens[i:i + per])),
+                               rng if per == len(records) else jax.random.fold_in(rng, i), max_new)
+                  for i in range(0, len(records), per)]  # dispatched in turn; the host waits once, below
+        samples = chunks[0] if len(chunks) == 1 else sampling.Samples(*map(jnp.concatenate, zip(*chunks)))
+        rows = to_rows(samples, width=max_prompt, pad_id=ctx.tokenizer.pad_id)
+        lengths, truncated, tokens, mask = to_host((samples.lengths, samples.truncated, samples.tokens, samples.mask))
         t1 = time.perf_counter()
         lengths, truncated = lengths.reshape(-1, G), truncated.reshape(-1, G)
         texts = chat.decode_responses(ctx.tokenizer, tokens, mask, ctx.cfg.thinking)
@@ -222,6 +220,17 @@ def training_batch(rounds, groups: dict, target: int, G: int, mesh, bucket: int 
     host = {"rewards": padded(groups["rewards"]).astype(np.float32), "truncated": padded(groups["truncated"]),
             "domain_idx": np.repeat(padded(groups["domain_idx"]).astype(np.int32), G)}
     return rows._asdict() | shard_batch(mesh, host)
+
+
+def batch_shapes(mesh, prompts: int, G: int, width: int) -> dict:
+    """`training_batch`'s arrays as abstract shapes on `mesh` (prompts x G rows of `width` columns), for a compile
+    ahead of time (`preflight`, benchmarks/memory_plan.py)."""
+    rows = lambda shape, dt: jax.ShapeDtypeStruct(shape, dt, sharding=batch_sharding(mesh, len(shape), shape[0]))  # noqa: E731
+    N = prompts * G
+    return {"tokens": rows((N, width), jnp.int32), "valid": rows((N, width), jnp.bool_),
+            "positions": rows((N, width), jnp.int32), "mask": rows((N, width - 1), jnp.float32),
+            "sampler_logp": rows((N, width - 1), jnp.float32), "rewards": rows((prompts, G), jnp.float32),
+            "truncated": rows((prompts, G), jnp.bool_), "domain_idx": rows((N,), jnp.int32)}
 
 
 @functools.partial(jax.jit, static_argnames=("width", "mesh"))
